@@ -1,0 +1,100 @@
+package main
+
+/*
+#cgo CFLAGS: -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter
+#cgo LDFLAGS: -ldl
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// A c-shared library still needs a main; it never runs.
+func main() {}
+
+// gate is the Go side's view of the process: the policy it announced to C
+// and, in test mode, how many calls of each kind it was handed.
+var gate struct {
+	policy     C.int
+	countsPath string
+	counts     [C.RADIC_OP_COUNT]atomic.Uint64
+}
+
+func init() {
+	gate.policy = C.RADIC_MANAGE_NONE
+	if os.Getenv("RADIC_TEST_MANAGE") == "1" {
+		gate.policy = C.RADIC_MANAGE_INET_STREAM
+		gate.countsPath = os.Getenv("RADIC_TEST_COUNTS")
+		// Managed sockets will need Go's poller, whose fds the process
+		// must not be able to close. Start it now (a timer does) and
+		// protect its fds, so tests exercise that protection.
+		time.AfterFunc(time.Hour, func() {})
+		C.radic_protect_runtime_fds()
+	}
+	C.radic_set_ready(gate.policy)
+}
+
+// radicGoCall is where C hands Go a call on a managed fd (or tells it of a
+// new fd: socket, accept, dup). It returns RADIC_DONE with c.ret/c.err set
+// when Go performed the call, RADIC_PASS to have C make the real call.
+//
+//export radicGoCall
+func radicGoCall(c *C.struct_radic_call) C.int {
+	op := int(c.op)
+	if op < 0 || op >= len(gate.counts) {
+		return C.RADIC_PASS
+	}
+	gate.counts[op].Add(1)
+	switch op {
+	case C.RADIC_OP_socket:
+		// In test mode every TCP socket is managed from birth.
+		C.radic_fd_set(c.fd, C.RADIC_FD_MANAGED)
+	case C.RADIC_OP_accept, C.RADIC_OP_dup:
+		// args[0] is the new fd; it is the same kind of socket as c.fd.
+		C.radic_fd_set(C.int(c.args[0]), C.RADIC_FD_MANAGED)
+	}
+	return C.RADIC_PASS
+}
+
+// radicGoExit runs at process end (a destructor, or just before exec or
+// _exit), in the process that owns the runtime.
+//
+//export radicGoExit
+func radicGoExit() {
+	if gate.countsPath == "" {
+		return
+	}
+	var lines []string
+	for op := range gate.counts {
+		if n := gate.counts[op].Swap(0); n > 0 {
+			name := C.GoString(C.radic_op_name(C.int(op)))
+			lines = append(lines, fmt.Sprintf("%s %d\n", name, n))
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	sort.Strings(lines)
+	writeAll(gate.countsPath, strings.Join(lines, ""))
+}
+
+// writeAll appends to a file through the real libc calls: os.File would go
+// through the runtime poller, and the interposed write would be pointless.
+func writeAll(path, s string) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	fd := C.radic_open_append(cpath)
+	if fd < 0 {
+		return
+	}
+	defer C.radic_real_close(fd)
+	C.radic_real_write_all(fd, unsafe.Pointer(unsafe.StringData(s)), C.size_t(len(s)))
+}

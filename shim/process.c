@@ -1,0 +1,152 @@
+/*
+ * process.c — process calls: fork, spawn, exec, _exit, and signal handlers.
+ *
+ * A fork or vfork child has none of Go's threads; entering Go there hangs or
+ * crashes. The child therefore runs C-only until exec: radic_go_allowed()
+ * compares getpid() with the pid that loaded the library, which also covers
+ * children made without these wrappers (vfork, clone, posix_spawn's internal
+ * clone). vfork itself is not wrapped: a C wrapper around vfork would return
+ * in the child through a frame the parent still needs.
+ */
+#include "shim.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+pid_t fork(void) { return REAL(fork)(); }
+
+pid_t _Fork(void) { return REAL(_Fork)(); }
+
+int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+		const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	return REAL(posix_spawn)(pid, path, fa, attr, argv, envp);
+}
+
+int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+		 const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	return REAL(posix_spawnp)(pid, file, fa, attr, argv, envp);
+}
+
+/* exec and _exit run no destructors: give Go its end-of-process call first.
+ * If exec fails the process goes on, and Go's state goes on with it. */
+
+int execve(const char *path, char *const argv[], char *const envp[])
+{
+	radic_before_exit();
+	return REAL(execve)(path, argv, envp);
+}
+
+int execv(const char *path, char *const argv[])
+{
+	radic_before_exit();
+	return REAL(execv)(path, argv);
+}
+
+int execvp(const char *file, char *const argv[])
+{
+	radic_before_exit();
+	return REAL(execvp)(file, argv);
+}
+
+int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	radic_before_exit();
+	return REAL(execvpe)(file, argv, envp);
+}
+
+int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	radic_before_exit();
+	return REAL(fexecve)(fd, argv, envp);
+}
+
+/* The execl family is variadic; gather the list and use the execv forms. */
+#define RADIC_EXECL_MAX 4096
+#define GATHER_ARGS(first, argv, ap)                                                     \
+	do {                                                                             \
+		int n_ = 0;                                                              \
+		(argv)[n_++] = (char *)(first);                                          \
+		while ((argv)[n_ - 1] != NULL) {                                         \
+			if (n_ == RADIC_EXECL_MAX) {                                     \
+				va_end(ap);                                              \
+				errno = E2BIG;                                           \
+				return -1;                                               \
+			}                                                                \
+			(argv)[n_++] = va_arg(ap, char *);                               \
+		}                                                                        \
+	} while (0)
+
+int execl(const char *path, const char *arg, ...)
+{
+	char *argv[RADIC_EXECL_MAX];
+	va_list ap;
+	va_start(ap, arg);
+	GATHER_ARGS(arg, argv, ap);
+	va_end(ap);
+	return execv(path, argv);
+}
+
+int execlp(const char *file, const char *arg, ...)
+{
+	char *argv[RADIC_EXECL_MAX];
+	va_list ap;
+	va_start(ap, arg);
+	GATHER_ARGS(arg, argv, ap);
+	va_end(ap);
+	return execvp(file, argv);
+}
+
+int execle(const char *path, const char *arg, ...)
+{
+	char *argv[RADIC_EXECL_MAX];
+	va_list ap;
+	va_start(ap, arg);
+	GATHER_ARGS(arg, argv, ap);
+	char *const *envp = va_arg(ap, char *const *);
+	va_end(ap);
+	return execve(path, argv, envp);
+}
+
+void _exit(int status)
+{
+	radic_before_exit();
+	REAL(_exit)(status);
+	__builtin_unreachable();
+}
+
+/*
+ * Signal handlers run on whatever thread the kernel picks, Go's included,
+ * and a Go thread may be on a small goroutine stack. SA_ONSTACK makes such a
+ * handler run on the thread's alternate signal stack (Go gives each of its
+ * threads one; on other threads without one the flag does nothing). Without
+ * it Go aborts ("signal handler not on alternate stack").
+ */
+int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	if (act != NULL && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN &&
+	    !(act->sa_flags & SA_ONSTACK)) {
+		struct sigaction a = *act;
+		a.sa_flags |= SA_ONSTACK;
+		return REAL(sigaction)(sig, &a, old);
+	}
+	return REAL(sigaction)(sig, act, old);
+}
+
+/* glibc's signal() calls its internal sigaction, so it needs its own wrapper:
+ * BSD semantics (SA_RESTART, the signal blocked in its handler), as glibc. */
+sighandler_t signal(int sig, sighandler_t handler)
+{
+	struct sigaction a, old;
+	memset(&a, 0, sizeof a);
+	a.sa_handler = handler;
+	a.sa_flags = SA_RESTART;
+	sigemptyset(&a.sa_mask);
+	if (sig > 0 && sig < NSIG)
+		sigaddset(&a.sa_mask, sig);
+	if (sigaction(sig, &a, &old) < 0)
+		return SIG_ERR;
+	return old.sa_handler;
+}

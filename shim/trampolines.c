@@ -1,0 +1,611 @@
+/*
+ * trampolines.c — the interposed libc entry points.
+ *
+ * Shape of every data trampoline:
+ *
+ *	if (managed(fd) && Go handled it)  return Go's result;
+ *	return real(fd, ...);
+ *
+ * The unmanaged path is one byte load, one branch and the real call. Calls
+ * that create fds (socket, accept, dup) make the real call first and then
+ * tell Go about the new fd; calls that retire fds (close, dup2 onto an fd,
+ * close_range, closefrom) tell Go first. The fd table is only written by the
+ * process that owns the Go runtime: a vfork child shares our memory and must
+ * leave it alone.
+ */
+#include "shim.h"
+
+#include <fcntl.h>
+#include <stdarg.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+
+/* Asks Go about a call; returns 1 with *ret set when Go handled it. */
+static inline int go_call(int op, int fd, long a0, long a1, long a2, long a3, long a4, long a5,
+			  long *ret)
+{
+	struct radic_call c = {.op = op, .fd = fd, .args = {a0, a1, a2, a3, a4, a5}};
+	if (radic_enter(&c) != RADIC_DONE)
+		return 0;
+	*ret = c.ret;
+	return 1;
+}
+
+/* Tells Go about something that already happened (a new fd); no verdict. */
+static inline void go_notify(int op, int fd, long a0, long a1, long a2)
+{
+	struct radic_call c = {.op = op, .fd = fd, .args = {a0, a1, a2}};
+	(void)radic_enter(&c);
+}
+
+static inline int owner(void) { return getpid() == radic_owner_pid; }
+
+/* A new fd number came back from the kernel: whatever the table said about
+ * that number belonged to an fd that is gone. */
+static inline void fresh_fd(int fd)
+{
+	if (RADIC_UNLIKELY(radic_fd_get(fd) != 0) && owner())
+		radic_fd_forget(fd);
+}
+
+/* The fd number is about to be closed (explicitly or by dup2 onto it). */
+static void retire_fd(int fd)
+{
+	unsigned f = radic_fd_get(fd);
+	if (f == 0 || !owner())
+		return;
+	if (f & RADIC_FD_MANAGED)
+		go_notify(RADIC_OP_close, fd, 0, 0, 0);
+	radic_fd_forget(fd);
+}
+
+/* newfd is a duplicate of oldfd: it shares oldfd's socket. */
+static void dup_fd(int oldfd, int newfd)
+{
+	fresh_fd(newfd);
+	if (radic_is_managed(oldfd))
+		go_notify(RADIC_OP_dup, oldfd, newfd, 0, 0);
+}
+
+#define MANAGED(fd) RADIC_UNLIKELY(radic_is_managed(fd))
+#define GO(op, fd, ...) go_call(RADIC_OP_##op, fd, __VA_ARGS__, &r)
+
+/* ---- data ----------------------------------------------------------------- */
+
+ssize_t read(int fd, void *buf, size_t n)
+{
+	long r;
+	if (MANAGED(fd) && GO(read, fd, (long)buf, (long)n, 0, 0, 0, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(read)(fd, buf, n), 0);
+}
+
+ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+	long r;
+	if (MANAGED(fd) && n <= buflen && GO(read, fd, (long)buf, (long)n, 0, 0, 0, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(__read_chk)(fd, buf, n, buflen), 0);
+}
+
+ssize_t write(int fd, const void *buf, size_t n)
+{
+	long r;
+	if (MANAGED(fd) && GO(write, fd, (long)buf, (long)n, 0, 0, 0, 0))
+		return r;
+	return REAL(write)(fd, buf, n);
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int cnt)
+{
+	long r;
+	if (MANAGED(fd) && GO(readv, fd, (long)iov, cnt, 0, 0, 0, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(readv)(fd, iov, cnt), 0);
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int cnt)
+{
+	long r;
+	if (MANAGED(fd) && GO(writev, fd, (long)iov, cnt, 0, 0, 0, 0))
+		return r;
+	return REAL(writev)(fd, iov, cnt);
+}
+
+ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+	long r;
+	if (MANAGED(fd) && GO(send, fd, (long)buf, (long)n, flags, 0, 0, 0))
+		return r;
+	return REAL(send)(fd, buf, n, flags);
+}
+
+ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *to,
+	       socklen_t tolen)
+{
+	long r;
+	if (MANAGED(fd) && GO(sendto, fd, (long)buf, (long)n, flags, (long)to, tolen, 0))
+		return r;
+	return REAL(sendto)(fd, buf, n, flags, to, tolen);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	long r;
+	if (MANAGED(fd) && GO(sendmsg, fd, (long)msg, flags, 0, 0, 0, 0))
+		return r;
+	return REAL(sendmsg)(fd, msg, flags);
+}
+
+int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
+{
+	long r;
+	if (MANAGED(fd) && GO(sendmmsg, fd, (long)vec, vlen, flags, 0, 0, 0))
+		return (int)r;
+	return REAL(sendmmsg)(fd, vec, vlen, flags);
+}
+
+ssize_t recv(int fd, void *buf, size_t n, int flags)
+{
+	long r;
+	if (MANAGED(fd) && GO(recv, fd, (long)buf, (long)n, flags, 0, 0, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(recv)(fd, buf, n, flags), flags);
+}
+
+ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
+{
+	long r;
+	if (MANAGED(fd) && n <= buflen && GO(recv, fd, (long)buf, (long)n, flags, 0, 0, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(__recv_chk)(fd, buf, n, buflen, flags), flags);
+}
+
+ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *from,
+		 socklen_t *fromlen)
+{
+	long r;
+	if (MANAGED(fd) && GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(recvfrom)(fd, buf, n, flags, from, fromlen), flags);
+}
+
+ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags,
+		       struct sockaddr *from, socklen_t *fromlen)
+{
+	long r;
+	if (MANAGED(fd) && n <= buflen &&
+	    GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
+		return r;
+	return radic_fault_drop(
+		fd, REAL(__recvfrom_chk)(fd, buf, n, buflen, flags, from, fromlen), flags);
+}
+
+ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	long r;
+	if (MANAGED(fd) && GO(recvmsg, fd, (long)msg, flags, 0, 0, 0, 0))
+		return r;
+	return radic_fault_drop(fd, REAL(recvmsg)(fd, msg, flags), flags);
+}
+
+int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, struct timespec *tmo)
+{
+	long r;
+	if (MANAGED(fd) && GO(recvmmsg, fd, (long)vec, vlen, flags, (long)tmo, 0, 0))
+		return (int)r;
+	return REAL(recvmmsg)(fd, vec, vlen, flags, tmo);
+}
+
+ssize_t sendfile(int out, int in, off_t *off, size_t n)
+{
+	long r;
+	if ((MANAGED(out) || MANAGED(in)) &&
+	    GO(sendfile, MANAGED(out) ? out : in, out, in, (long)off, (long)n, 0, 0))
+		return r;
+	return REAL(sendfile)(out, in, off, n);
+}
+
+ssize_t sendfile64(int out, int in, off_t *off, size_t n)
+{
+	long r;
+	if ((MANAGED(out) || MANAGED(in)) &&
+	    GO(sendfile, MANAGED(out) ? out : in, out, in, (long)off, (long)n, 0, 0))
+		return r;
+	return REAL(sendfile64)(out, in, off, n);
+}
+
+ssize_t splice(int in, off_t *inoff, int out, off_t *outoff, size_t n, unsigned int flags)
+{
+	long r;
+	if ((MANAGED(in) || MANAGED(out)) &&
+	    GO(splice, MANAGED(in) ? in : out, in, (long)inoff, out, (long)outoff, (long)n, flags))
+		return r;
+	return REAL(splice)(in, inoff, out, outoff, n, flags);
+}
+
+/* ---- lifecycle ------------------------------------------------------------- */
+
+int socket(int domain, int type, int proto)
+{
+	int fd = REAL(socket)(domain, type, proto);
+	if (fd < 0)
+		return fd;
+	fresh_fd(fd);
+	if (RADIC_UNLIKELY(radic_manage_policy != RADIC_MANAGE_NONE) &&
+	    (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM)
+		go_notify(RADIC_OP_socket, fd, domain, type, proto);
+	return fd;
+}
+
+int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	long r;
+	if (MANAGED(fd) && GO(connect, fd, (long)addr, len, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(connect)(fd, addr, len);
+}
+
+/* The accepted fd is new: Go hears of it after the real accept (it decides
+ * whether the connection is managed). */
+static int accepted(int lfd, int fd)
+{
+	if (fd < 0)
+		return fd;
+	fresh_fd(fd);
+	if (MANAGED(lfd))
+		go_notify(RADIC_OP_accept, lfd, fd, 0, 0);
+	return fd;
+}
+
+int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	return accepted(fd, REAL(accept)(fd, addr, len));
+}
+
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	return accepted(fd, REAL(accept4)(fd, addr, len, flags));
+}
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	long r;
+	if (MANAGED(fd) && GO(bind, fd, (long)addr, len, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(bind)(fd, addr, len);
+}
+
+int listen(int fd, int backlog)
+{
+	long r;
+	if (MANAGED(fd) && GO(listen, fd, backlog, 0, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(listen)(fd, backlog);
+}
+
+int shutdown(int fd, int how)
+{
+	long r;
+	if (MANAGED(fd) && GO(shutdown, fd, how, 0, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(shutdown)(fd, how);
+}
+
+int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+	long r;
+	if (MANAGED(fd) && GO(setsockopt, fd, level, name, (long)val, len, 0, 0))
+		return (int)r;
+	return REAL(setsockopt)(fd, level, name, val, len);
+}
+
+int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	long r;
+	if (MANAGED(fd) && GO(getsockopt, fd, level, name, (long)val, (long)len, 0, 0))
+		return (int)r;
+	return REAL(getsockopt)(fd, level, name, val, len);
+}
+
+int getsockname(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	long r;
+	if (MANAGED(fd) && GO(getsockname, fd, (long)addr, (long)len, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(getsockname)(fd, addr, len);
+}
+
+int getpeername(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	long r;
+	if (MANAGED(fd) && GO(getpeername, fd, (long)addr, (long)len, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(getpeername)(fd, addr, len);
+}
+
+/* A private fd of the library (the Go runtime's poller): closing it would kill
+ * the runtime, so the process is told it worked. Only the owner protects it:
+ * in a fork child Go is gone and the fd is just an inherited copy. */
+static int is_protected(int fd)
+{
+	return RADIC_UNLIKELY(radic_fd_get(fd) & RADIC_FD_PRIVATE) && owner();
+}
+
+int close(int fd)
+{
+	if (RADIC_LIKELY(radic_fd_get(fd) == 0))
+		return REAL(close)(fd);
+	if (is_protected(fd))
+		return 0;
+	retire_fd(fd);
+	return REAL(close)(fd);
+}
+
+/* The fds in [lo, hi] are about to be closed: forget what the table knew. */
+static void retire_range(unsigned lo, unsigned hi)
+{
+	if (!owner())
+		return;
+	unsigned top = hi < RADIC_FD_MAX - 1 ? hi : RADIC_FD_MAX - 1;
+	for (unsigned fd = lo; fd <= top; fd++)
+		if (radic_fdflags[fd] != 0 && !(radic_fdflags[fd] & RADIC_FD_PRIVATE))
+			retire_fd((int)fd);
+}
+
+/* close_range(2) over [lo, hi], stepping around the private fds. */
+static int close_range_around_private(unsigned lo, unsigned hi, int flags)
+{
+	int keep[16];
+	int n = owner() ? radic_fd_private_in_range(lo, hi, keep, 16) : 0;
+	if (!(flags & CLOSE_RANGE_CLOEXEC))
+		retire_range(lo, hi);
+	unsigned from = lo;
+	for (int i = 0; i < n; i++) {
+		if ((unsigned)keep[i] > from &&
+		    REAL(close_range)(from, (unsigned)keep[i] - 1, flags) < 0)
+			return -1;
+		from = (unsigned)keep[i] + 1;
+	}
+	return from <= hi ? REAL(close_range)(from, hi, flags) : 0;
+}
+
+int close_range(unsigned int lo, unsigned int hi, int flags)
+{
+	if (lo > hi) {
+		errno = EINVAL;
+		return -1;
+	}
+	return close_range_around_private(lo, hi, flags);
+}
+
+void closefrom(int lo)
+{
+	int keep[1];
+	if (lo < 0)
+		lo = 0;
+	if (owner() && radic_fd_private_in_range((unsigned)lo, ~0U, keep, 1) > 0) {
+		int saved = errno;
+		close_range_around_private((unsigned)lo, ~0U, 0);
+		errno = saved;
+		return;
+	}
+	retire_range((unsigned)lo, ~0U);
+	REAL(closefrom)(lo);
+}
+
+int dup(int fd)
+{
+	int nfd = REAL(dup)(fd);
+	if (nfd >= 0)
+		dup_fd(fd, nfd);
+	return nfd;
+}
+
+/* dup2 or dup3 onto a private fd would silently replace the Go runtime's
+ * poller under it: refuse, loudly. */
+static int refuse_private_target(int newfd)
+{
+	radic_logf("refusing to replace fd %d: it belongs to radic's runtime", newfd);
+	errno = EBADF;
+	return -1;
+}
+
+int dup2(int oldfd, int newfd)
+{
+	if (oldfd == newfd || (radic_fd_get(oldfd) | radic_fd_get(newfd)) == 0) {
+		int r = REAL(dup2)(oldfd, newfd);
+		if (r >= 0 && oldfd != newfd)
+			fresh_fd(r);
+		return r;
+	}
+	if (is_protected(newfd))
+		return refuse_private_target(newfd);
+	retire_fd(newfd);
+	int r = REAL(dup2)(oldfd, newfd);
+	if (r >= 0)
+		dup_fd(oldfd, r);
+	return r;
+}
+
+int dup3(int oldfd, int newfd, int flags)
+{
+	if (oldfd == newfd || (radic_fd_get(oldfd) | radic_fd_get(newfd)) == 0) {
+		int r = REAL(dup3)(oldfd, newfd, flags);
+		if (r >= 0)
+			fresh_fd(r);
+		return r;
+	}
+	if (is_protected(newfd))
+		return refuse_private_target(newfd);
+	retire_fd(newfd);
+	int r = REAL(dup3)(oldfd, newfd, flags);
+	if (r >= 0)
+		dup_fd(oldfd, r);
+	return r;
+}
+
+/* fcntl's third argument is an int or a pointer depending on cmd; on the
+ * supported ABI (x86-64, aarch64) both travel in one register, so reading
+ * it as a pointer and passing it on is exact. */
+static int do_fcntl(int (*real)(int, int, ...), int fd, int cmd, void *arg)
+{
+	long r;
+	if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
+		int nfd = real(fd, cmd, arg);
+		if (nfd >= 0)
+			dup_fd(fd, nfd);
+		return nfd;
+	}
+	if (MANAGED(fd) && GO(fcntl, fd, cmd, (long)arg, 0, 0, 0, 0))
+		return (int)r;
+	return real(fd, cmd, arg);
+}
+
+int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return do_fcntl(REAL(fcntl), fd, cmd, arg);
+}
+
+int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return do_fcntl(REAL(fcntl64), fd, cmd, arg);
+}
+
+int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	long r;
+	if (MANAGED(fd) && GO(ioctl, fd, (long)req, (long)arg, 0, 0, 0, 0))
+		return (int)r;
+	return REAL(ioctl)(fd, req, arg);
+}
+
+/* ---- waiting --------------------------------------------------------------- */
+
+/* Does a poll set hold a managed fd? Skipped outright while none exist. */
+static inline int poll_has_managed(const struct pollfd *fds, nfds_t n)
+{
+	if (RADIC_LIKELY(__atomic_load_n(&radic_managed_count, __ATOMIC_RELAXED) == 0))
+		return 0;
+	for (nfds_t i = 0; i < n; i++)
+		if (radic_is_managed(fds[i].fd))
+			return 1;
+	return 0;
+}
+
+static inline int select_has_managed(int nfds, const fd_set *a, const fd_set *b,
+				     const fd_set *c)
+{
+	if (RADIC_LIKELY(__atomic_load_n(&radic_managed_count, __ATOMIC_RELAXED) == 0))
+		return 0;
+	if (nfds > FD_SETSIZE)
+		nfds = FD_SETSIZE;
+	for (int fd = 0; fd < nfds; fd++)
+		if (radic_is_managed(fd) && ((a && FD_ISSET(fd, a)) || (b && FD_ISSET(fd, b)) ||
+					     (c && FD_ISSET(fd, c))))
+			return 1;
+	return 0;
+}
+
+int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+	long r;
+	if (RADIC_UNLIKELY(poll_has_managed(fds, n)) &&
+	    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
+		return (int)r;
+	return REAL(poll)(fds, n, timeout);
+}
+
+int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
+{
+	long r;
+	if (RADIC_UNLIKELY(poll_has_managed(fds, n)) &&
+	    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
+		return (int)r;
+	return REAL(ppoll)(fds, n, tmo, mask);
+}
+
+int select(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *tv)
+{
+	long r;
+	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex)) &&
+	    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tv, 0, &r))
+		return (int)r;
+	return REAL(select)(nfds, rd, wr, ex, tv);
+}
+
+int pselect(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec *tmo,
+	    const sigset_t *mask)
+{
+	long r;
+	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex)) &&
+	    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tmo, (long)mask,
+		    &r))
+		return (int)r;
+	return REAL(pselect)(nfds, rd, wr, ex, tmo, mask);
+}
+
+static int app_epoll(int epfd)
+{
+	if (epfd >= 0) {
+		fresh_fd(epfd);
+		if (owner())
+			radic_fd_set(epfd, RADIC_FD_APP_EPOLL);
+	}
+	return epfd;
+}
+
+int epoll_create(int size) { return app_epoll(REAL(epoll_create)(size)); }
+
+int epoll_create1(int flags) { return app_epoll(REAL(epoll_create1)(flags)); }
+
+int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	long r;
+	if (MANAGED(fd)) {
+		if (owner())
+			radic_fd_set(epfd, RADIC_FD_EPOLL_MANAGED);
+		if (GO(epoll_ctl, epfd, op, fd, (long)ev, 0, 0, 0))
+			return (int)r;
+	}
+	return REAL(epoll_ctl)(epfd, op, fd, ev);
+}
+
+#define EPOLL_MANAGED(epfd) RADIC_UNLIKELY(radic_fd_get(epfd) & RADIC_FD_EPOLL_MANAGED)
+
+int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
+{
+	long r;
+	if (EPOLL_MANAGED(epfd) && GO(epoll_wait, epfd, (long)evs, max, timeout, 0, 0, 0))
+		return (int)r;
+	return REAL(epoll_wait)(epfd, evs, max, timeout);
+}
+
+int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask)
+{
+	long r;
+	if (EPOLL_MANAGED(epfd) && GO(epoll_wait, epfd, (long)evs, max, timeout, (long)mask, 0, 1))
+		return (int)r;
+	return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
+}
+
+int epoll_pwait2(int epfd, struct epoll_event *evs, int max, const struct timespec *tmo,
+		 const sigset_t *mask)
+{
+	long r;
+	if (EPOLL_MANAGED(epfd) && GO(epoll_wait, epfd, (long)evs, max, -1, (long)mask, (long)tmo, 2))
+		return (int)r;
+	return REAL(epoll_pwait2)(epfd, evs, max, tmo, mask);
+}
