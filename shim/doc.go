@@ -20,6 +20,4 @@
 // managed, so that tests can prove the switch into Go and back works for
 // every call; RADIC_TEST_COUNTS=FILE then receives, at process end, how many
 // calls of each kind Go saw (lines "OP COUNT").
-//go:debug containermaxprocs=0
-//go:debug updatemaxprocs=0
 package main

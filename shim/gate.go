@@ -1,3 +1,11 @@
+// The runtime must keep no files open behind the program's back: with
+// container-aware GOMAXPROCS it holds two cgroup files open (fds 3 and 4 in
+// most processes), which a program that closes or reuses "all its fds" (a
+// shell's `exec 3>file`, closefrom) would pull out from under it.
+
+//go:debug containermaxprocs=0
+//go:debug updatemaxprocs=0
+
 package main
 
 /*
