@@ -255,10 +255,40 @@ void radic_set_ready(int policy)
 	__atomic_store_n(&radic_go_ready, 1, __ATOMIC_RELEASE);
 }
 
+/* Set when the process is to be managed: main() then waits for Go. */
+static int wait_for_go;
+
 /* Runs before Go's runtime starts (priority constructors sort first). */
 __attribute__((constructor(101))) static void radic_init(void)
 {
 	radic_owner_pid = getpid();
+	const char *t = getenv("RADIC_TEST_MANAGE");
+	wait_for_go = t != NULL && strcmp(t, "1") == 0;
+}
+
+/*
+ * The Go runtime initializes on its own thread while the program runs on, so
+ * the first sockets of a program could be made before Go has said what it
+ * manages. A process that is to be managed therefore enters main() only once
+ * Go's init has run: calling any exported Go function waits for that. Every
+ * library constructor, Go's included, has run by the time main() is called,
+ * so the wait cannot deadlock. Other processes never wait.
+ */
+typedef int (*radic_main_fn)(int, char **, char **);
+static radic_main_fn program_main;
+
+static int radic_main(int argc, char **argv, char **envp)
+{
+	if (wait_for_go)
+		radicGoPing();
+	return program_main(argc, argv, envp);
+}
+
+int __libc_start_main(radic_main_fn main, int argc, char **argv, void (*init)(void),
+		      void (*fini)(void), void (*rtld_fini)(void), void *stack_end)
+{
+	program_main = main;
+	return REAL(__libc_start_main)(radic_main, argc, argv, init, fini, rtld_fini, stack_end);
 }
 
 /* Process end: let Go write what it must (test counters), only in the

@@ -72,6 +72,12 @@ func radicGoCall(c *C.struct_radic_call) C.int {
 	return C.RADIC_PASS
 }
 
+// radicGoPing does nothing: calling it from C waits until Go's package
+// init has run (cgo holds every call into Go until then).
+//
+//export radicGoPing
+func radicGoPing() {}
+
 // radicGoExit runs at process end (a destructor, or just before exec or
 // _exit), in the process that owns the runtime.
 //

@@ -106,7 +106,9 @@
 	X(int, execvpe, (const char *, char *const[], char *const[]))                       \
 	X(int, fexecve, (int, char *const[], char *const[]))                                \
 	X(void, _exit, (int))                                                                \
-	X(int, sigaction, (int, const struct sigaction *, struct sigaction *))
+	X(int, sigaction, (int, const struct sigaction *, struct sigaction *))              \
+	X(int, __libc_start_main, (int (*)(int, char **, char **), int, char **,            \
+				   void (*)(void), void (*)(void), void (*)(void), void *))
 
 #define RADIC_X_PTR(ret, name, args) ret(*name) args;
 struct radic_real_table {
