@@ -1,0 +1,211 @@
+/* farm: a master/worker task farm. Rank 0 is the master; it listens on its
+ * RADIC_PEERS entry, the workers connect to it with blocking sockets. The
+ * master hands out tasks (rows of a Mandelbrot image), waits in select()
+ * for whichever worker answers first, stores the row and gives that worker
+ * the next task. The digest hashes the rows in row order, so it does not
+ * depend on which worker computed what or in which order the answers came.
+ * With one rank the master computes every row itself (the reference).
+ *
+ *   farm [--tasks T] [--width W] [--maxiter M] [--verbose]
+ */
+#include "common.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <unistd.h>
+
+enum { MSG_TASK = 1, MSG_RESULT = 2, MSG_STOP = 3 };
+enum { KIND_WORKER = 3 };
+
+struct hdr {
+	uint32_t type, task, len;
+};
+
+static int width = 1024, maxiter = 2000, tasks = 512;
+
+static void compute_row(int row, uint32_t *out)
+{
+	double y = -1.5 + 3.0 * (double)row / (double)tasks;
+	int x;
+	for (x = 0; x < width; x++) {
+		double cr = -2.0 + 3.0 * (double)x / (double)width, zr = 0, zi = 0;
+		int n = 0;
+		while (n < maxiter && zr * zr + zi * zi <= 4.0) {
+			double t = zr * zr - zi * zi + cr;
+			zi = 2.0 * zr * zi + y;
+			zr = t;
+			n++;
+		}
+		out[x] = (uint32_t)n;
+	}
+}
+
+/* One write per message (header and body together), so that Nagle's
+ * algorithm never holds a body back waiting for the header's ACK. */
+static void send_msg(int fd, uint32_t type, uint32_t task, const void *p, uint32_t len)
+{
+	static char *buf;
+	static size_t cap;
+	struct hdr h = {htonl(type), htonl(task), htonl(len)};
+	if (sizeof h + len > cap) {
+		cap = sizeof h + len;
+		buf = realloc(buf, cap);
+		if (!buf)
+			die("out of memory");
+	}
+	memcpy(buf, &h, sizeof h);
+	if (len)
+		memcpy(buf + sizeof h, p, len);
+	write_full(fd, buf, sizeof h + len, "message");
+}
+
+static void recv_hdr(int fd, struct hdr *h)
+{
+	read_full(fd, h, sizeof *h, "message header");
+	h->type = ntohl(h->type);
+	h->task = ntohl(h->task);
+	h->len = ntohl(h->len);
+}
+
+static void worker(struct job *j)
+{
+	int fd = job_connect(j, 0, KIND_WORKER, 60);
+	set_nodelay(fd);
+	uint32_t *row = calloc((size_t)width, sizeof *row);
+	for (;;) {
+		struct hdr h;
+		recv_hdr(fd, &h);
+		if (h.type == MSG_STOP)
+			break;
+		if (h.type != MSG_TASK || h.len != 0 || h.task >= (uint32_t)tasks)
+			die("bad message from the master: type %u task %u len %u", h.type, h.task, h.len);
+		compute_row((int)h.task, row);
+		send_msg(fd, MSG_RESULT, h.task, row, (uint32_t)width * sizeof *row);
+	}
+	close(fd);
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: farm [--tasks T] [--width W] [--maxiter M] [--verbose]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	struct job j;
+	int i, verbose = 0, nw, next = 0, done = 0, active;
+	int *fds, *count;
+	uint32_t *img;
+	uint64_t digest = FNV_OFFSET;
+	double t0;
+
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--verbose")) {
+			verbose = 1;
+			continue;
+		}
+		if (i + 1 >= argc)
+			usage();
+		i++;
+		if (!strcmp(a, "--tasks"))
+			tasks = atoi(argv[i]);
+		else if (!strcmp(a, "--width"))
+			width = atoi(argv[i]);
+		else if (!strcmp(a, "--maxiter"))
+			maxiter = atoi(argv[i]);
+		else
+			usage();
+	}
+	if (tasks < 1 || width < 1 || maxiter < 1)
+		usage();
+	job_init(&j, "farm");
+	if (j.rank > 0) {
+		worker(&j);
+		return 0;
+	}
+
+	img = calloc((size_t)tasks * (size_t)width, sizeof *img);
+	nw = j.size - 1;
+	fds = calloc((size_t)nw + 1, sizeof *fds);
+	count = calloc((size_t)nw + 1, sizeof *count);
+	if (!img || !fds || !count)
+		die("out of memory");
+	t0 = now_s();
+	if (nw == 0) {
+		for (i = 0; i < tasks; i++)
+			compute_row(i, img + (size_t)i * (size_t)width);
+	} else {
+		int lfd = job_listen(&j);
+		for (i = 0; i < nw; i++) {
+			uint32_t from, kind;
+			int fd = job_accept(lfd, &from, &kind);
+			if (kind != KIND_WORKER || from == 0 || from > (uint32_t)nw || fds[from - 1])
+				die("unexpected connection from rank %u (kind %u)", from, kind);
+			if (fd >= FD_SETSIZE)
+				die("fd %d does not fit in select's fd_set", fd);
+			set_nodelay(fd);
+			fds[from - 1] = fd;
+		}
+		close(lfd);
+		/* One task to each worker, then the next one to whoever answers. */
+		active = 0;
+		for (i = 0; i < nw; i++) {
+			if (next < tasks) {
+				send_msg(fds[i], MSG_TASK, (uint32_t)next++, NULL, 0);
+				active++;
+			} else {
+				send_msg(fds[i], MSG_STOP, 0, NULL, 0);
+				fds[i] = -fds[i] - 1; /* retired */
+			}
+		}
+		while (done < tasks) {
+			fd_set rd;
+			int maxfd = -1, k;
+			FD_ZERO(&rd);
+			for (i = 0; i < nw; i++)
+				if (fds[i] >= 0) {
+					FD_SET(fds[i], &rd);
+					if (fds[i] > maxfd)
+						maxfd = fds[i];
+				}
+			k = select(maxfd + 1, &rd, NULL, NULL, NULL);
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k < 0)
+				die("select: %s", strerror(errno));
+			for (i = 0; i < nw; i++) {
+				struct hdr h;
+				if (fds[i] < 0 || !FD_ISSET(fds[i], &rd))
+					continue;
+				recv_hdr(fds[i], &h);
+				if (h.type != MSG_RESULT || h.task >= (uint32_t)tasks || h.len != (uint32_t)width * sizeof *img)
+					die("bad message from rank %d: type %u task %u len %u", i + 1, h.type, h.task, h.len);
+				read_full(fds[i], img + (size_t)h.task * (size_t)width, h.len, "result");
+				done++;
+				count[i]++;
+				if (next < tasks) {
+					send_msg(fds[i], MSG_TASK, (uint32_t)next++, NULL, 0);
+				} else {
+					send_msg(fds[i], MSG_STOP, 0, NULL, 0);
+					fds[i] = -fds[i] - 1;
+				}
+			}
+		}
+	}
+	for (i = 0; i < tasks; i++)
+		digest = fnv1a(digest, img + (size_t)i * (size_t)width, (size_t)width * sizeof *img);
+	if (verbose) {
+		fprintf(stderr, "farm: %d tasks in %.3f s;", tasks, now_s() - t0);
+		for (i = 0; i < nw; i++)
+			fprintf(stderr, " rank %d: %d", i + 1, count[i]);
+		fprintf(stderr, "\n");
+	}
+	printf("farm tasks=%d width=%d maxiter=%d digest=%016llx\n", tasks, width, maxiter, (unsigned long long)digest);
+	return 0;
+}
