@@ -32,9 +32,9 @@ RADIC_RANK=0 RADIC_SIZE=1 RADIC_PEERS=127.0.0.1:0 "$APP" "${APP_ARGS[@]}" >build
 ref=$(digest build/demo-ref.out)
 say "single host: $ref"
 
-bold "3. The same job on 4 nodes, every rank under libradic.so"
+bold "3. The same job on 4 nodes under radic (radic run preloads libradic.so into every rank)"
 start=$(date +%s.%N)
-"$RADIC" run --np 4 -- env LD_PRELOAD="$LIB" "$APP" "${APP_ARGS[@]}" >build/demo-run.out 2>&1
+"$RADIC" run --np 4 -- "$APP" "${APP_ARGS[@]}" >build/demo-run.out 2>&1
 rc=$?
 took=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
 got=$(digest build/demo-run.out)
@@ -45,7 +45,7 @@ else
 fi
 
 bold "4. Again, and node 2 is killed mid-run"
-"$RADIC" run --np 4 -- env LD_PRELOAD="$LIB" "$APP" "${APP_ARGS[@]}" >build/demo-kill.out 2>&1 &
+"$RADIC" run --np 4 -- "$APP" "${APP_ARGS[@]}" >build/demo-kill.out 2>&1 &
 job=$!
 sleep "$(echo "$took / 3" | bc -l | cut -c1-4)"
 "$RADIC" fault kill-node 2

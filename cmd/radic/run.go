@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -36,10 +37,34 @@ func parseNodeList(s string) ([]int, error) {
 	return ids, nil
 }
 
+// findLib locates libradic.so: the flag, then $RADIC_LIB, then
+// ../lib/libradic.so relative to this binary (the layout `make` builds).
+func findLib(flagValue string) (string, error) {
+	var tried []string
+	for _, p := range []string{flagValue, os.Getenv("RADIC_LIB")} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("preload library %s: %w", p, err)
+		}
+		return filepath.Abs(p)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(filepath.Dir(exe)), "lib", "libradic.so")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		tried = append(tried, p)
+	}
+	return "", fmt.Errorf("libradic.so not found (looked at %s); build it with `make`, pass --lib, or run bare with --no-radic",
+		strings.Join(tried, ", "))
+}
+
 func runCmd(args []string) error {
 	fs := flag.NewFlagSet("radic run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: radic run --np P [--per-node K] [--nodes LIST] [--tag-output] -- CMD ARGS...")
+		fmt.Fprintln(os.Stderr, "usage: radic run --np P [--per-node K] [--nodes LIST] [--tag-output] [--no-radic] -- CMD ARGS...")
 		fs.PrintDefaults()
 	}
 	var o cluster.RunOptions
@@ -50,8 +75,17 @@ func runCmd(args []string) error {
 	fs.IntVar(&o.PortBase, "port-base", 0, "rank r listens on `port` base+r (default: chosen per job, 20000 and up)")
 	fs.BoolVar(&o.Stdin, "stdin", false, "give rank 0 radic's stdin (default /dev/null for every rank)")
 	fs.DurationVar(&o.Grace, "grace", 0, "time between SIGTERM and SIGKILL when the job is stopped (default 3s)")
+	noRadic := fs.Bool("no-radic", false, "run the ranks bare, without libradic.so in front of them")
+	lib := fs.String("lib", "", "the preload `library` (default $RADIC_LIB, or lib/libradic.so beside radic's bin/)")
 	if err := fs.Parse(args); err != nil {
 		return exitError{2}
+	}
+	if !*noRadic {
+		p, err := findLib(*lib)
+		if err != nil {
+			return err
+		}
+		o.Preload = p
 	}
 	if *nodes != "" {
 		ids, err := parseNodeList(*nodes)
