@@ -8,7 +8,7 @@ RADIC=$PWD/bin/radic
 LIB=$PWD/lib/libradic.so
 APP=$PWD/build/apps/jacobi
 export RADIC_STATE_DIR=${RADIC_STATE_DIR:-$PWD/build/demo-cluster}
-ITERS=${DEMO_ITERS:-4000}
+ITERS=${DEMO_ITERS:-12000}
 APP_ARGS=(--nx 256 --ny 256 --iters "$ITERS" --decomp 1d)
 
 bold() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
