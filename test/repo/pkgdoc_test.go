@@ -68,4 +68,3 @@ func TestPackageDocs(t *testing.T) {
 		}
 	}
 }
-

@@ -1,0 +1,363 @@
+package radicd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/heartbeat/hbudp"
+	"github.com/radic-project/radic/msglog"
+)
+
+// Daemon is one radicd.
+type Daemon struct {
+	cfg     Config
+	self    heartbeat.NodeID
+	log     *slog.Logger
+	inc     uint64
+	started time.Time
+
+	stats       heartbeat.Stats
+	detection   prometheus.Histogram
+	replErrors  atomic.Uint64
+	reprotected atomic.Uint64
+	runner      *heartbeat.Runner
+	stores      *stores
+	reg         *prometheus.Registry
+	client      *http.Client
+	notify      *notifier
+
+	// OnEvent, if set before Run, sees every ring event after the daemon
+	// handled it (the protector's recovery hooks in here).
+	OnEvent func(heartbeat.Event)
+
+	fenceMu sync.Mutex
+	// +checklocks:fenceMu
+	lastFence FenceReport
+}
+
+// FenceReport says what the last self-fencing did.
+type FenceReport struct {
+	At      time.Time `json:"at,omitzero"`
+	Cgroup  string    `json:"cgroup,omitempty"`
+	Killed  int       `json:"killed"`
+	Error   string    `json:"error,omitempty"`
+	Elapsed float64   `json:"elapsed_ms"`
+}
+
+// NewLogger makes the slog logger the config asks for, on w.
+func NewLogger(c Config, w *os.File) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(c.LogLevel))
+	o := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler = slog.NewTextHandler(w, o)
+	if c.LogFormat == "json" {
+		h = slog.NewJSONHandler(w, o)
+	}
+	return slog.New(h).With("node", c.Node)
+}
+
+// New prepares a daemon: state directory, incarnation, store recovery.
+func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	d := &Daemon{
+		cfg: cfg, self: heartbeat.NodeID(cfg.Node), log: log, started: time.Now(),
+		reg:    prometheus.NewRegistry(),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
+		notify: newNotifier(),
+		detection: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "radic_detection_seconds",
+			Help:    "Silence of a node before this node (its watchdog) declared it unreachable: heartbeat timeout plus probe time.",
+			Buckets: DetectionBuckets,
+		}),
+	}
+	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	inc, err := nextIncarnation(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	d.inc = inc
+	st, err := openStores(filepath.Join(cfg.StateDir, "store"), msglog.Options{
+		Sync: cfg.StoreSync, MaxBytes: cfg.StoreMax, MemoryLimit: cfg.StoreMemory,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	d.stores = st
+	return d, nil
+}
+
+// nextIncarnation reads, bumps and durably writes the incarnation counter.
+// It is also at least the wall clock in microseconds, so a node whose state
+// directory was lost still comes back newer than before.
+func nextIncarnation(dir string) (uint64, error) {
+	p := filepath.Join(dir, "incarnation")
+	var prev uint64
+	if b, err := os.ReadFile(p); err == nil {
+		prev, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("read incarnation: %w", err)
+	}
+	inc := max(prev+1, uint64(time.Now().UnixMicro()))
+	tmp := p + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("write incarnation: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%d\n", inc)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write incarnation: %w", err)
+	}
+	return inc, nil
+}
+
+// Run serves until ctx ends or the node is superseded.
+func (d *Daemon) Run(ctx context.Context) (err error) {
+	defer func() {
+		if cerr := d.stores.Close(); cerr != nil {
+			d.log.Error("closing stores", "err", cerr)
+		}
+	}()
+	peers := map[heartbeat.NodeID]netip.AddrPort{}
+	for id, a := range d.cfg.Peers {
+		peers[id] = a
+	}
+	tr, err := hbudp.Listen(d.cfg.Listen, peers)
+	if err != nil {
+		return err
+	}
+	d.runner, err = heartbeat.NewRunner(heartbeat.RunnerConfig{
+		Core: d.cfg.HeartbeatConfig(d.inc), Transport: tr, Stats: &d.stats,
+		Logger: d.log, OnEvent: d.onEvent,
+	})
+	if err != nil {
+		tr.Close()
+		return err
+	}
+	d.registerMetrics(d.reg)
+
+	tcp, err := net.Listen("tcp", d.cfg.Listen.String())
+	if err != nil {
+		tr.Close()
+		return fmt.Errorf("listen %v: %w", d.cfg.Listen, err)
+	}
+	var metricsLn net.Listener
+	if d.cfg.MetricsAddr != "" {
+		metricsLn, err = net.Listen("tcp", d.cfg.MetricsAddr)
+		if err != nil {
+			tr.Close()
+			tcp.Close()
+			return fmt.Errorf("listen metrics %v: %w", d.cfg.MetricsAddr, err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	runErr := make(chan error, 1)
+	wg.Go(func() { runErr <- d.runner.Run(ctx) })
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", d.handleStatus)
+	mux.HandleFunc("GET /healthz", d.handleHealth)
+	mux.HandleFunc("POST /v1/log", d.handleLog)
+	mux.HandleFunc("POST /v1/suspect", d.handleSuspect)
+	mux.HandleFunc("POST /v1/replica/append", d.handleReplicaAppend)
+	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
+	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
+	servers := []*http.Server{srv}
+	wg.Go(func() { d.serve(srv, tcp, "store") })
+	if metricsLn != nil {
+		mm := http.NewServeMux()
+		mm.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
+		mm.HandleFunc("GET /status", d.handleStatus)
+		mm.HandleFunc("GET /healthz", d.handleHealth)
+		msrv := &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, msrv)
+		wg.Go(func() { d.serve(msrv, metricsLn, "metrics") })
+	}
+	wg.Go(func() { d.routineReprotect(ctx) })
+	if wd := watchdogInterval(); wd > 0 {
+		wg.Go(func() { d.routineWatchdog(ctx, wd) })
+	}
+
+	d.log.Info("radicd serving", "incarnation", d.inc, "listen", d.cfg.Listen.String(),
+		"metrics", d.cfg.MetricsAddr, "peers", len(d.cfg.Peers), "spare", d.cfg.Spare,
+		"protectors", d.cfg.Protectors, "job_cgroup", d.cfg.JobCgroup, "pid", os.Getpid())
+	if err := d.notify.Notify(fmt.Sprintf("READY=1\nSTATUS=serving node %d incarnation %d\nMAINPID=%d", d.cfg.Node, d.inc, os.Getpid())); err != nil {
+		d.log.Warn("sd_notify READY failed", "err", err)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err = <-runErr:
+		runErr <- nil
+	}
+	d.log.Info("radicd stopping", "err", err)
+	if nerr := d.notify.Notify("STOPPING=1\nSTATUS=stopping"); nerr != nil {
+		d.log.Warn("sd_notify STOPPING failed", "err", nerr)
+	}
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	for _, s := range servers {
+		_ = s.Shutdown(sctx)
+	}
+	wg.Wait()
+	if e := <-runErr; err == nil {
+		err = e
+	}
+	return err
+}
+
+func (d *Daemon) serve(srv *http.Server, ln net.Listener, what string) {
+	d.log.Info("RoutineServe starting", "server", what, "addr", ln.Addr().String())
+	defer d.log.Info("RoutineServe stopped", "server", what)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		d.log.Error("server failed", "server", what, "err", err)
+	}
+}
+
+func (d *Daemon) routineWatchdog(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			// Only pet the watchdog while the ring loop answers.
+			sctx, cancel := context.WithTimeout(ctx, every)
+			_, ok := d.runner.Status(sctx)
+			cancel()
+			if ok {
+				_ = d.notify.Notify("WATCHDOG=1")
+			}
+		}
+	}
+}
+
+// onEvent runs on the ring's goroutine: fencing must be done when it
+// returns.
+func (d *Daemon) onEvent(e heartbeat.Event) {
+	switch e.Kind {
+	case heartbeat.EventFence:
+		start := time.Now()
+		n, err := killCgroup(d.cfg.JobCgroup, 5*time.Second)
+		rep := FenceReport{At: start, Cgroup: d.cfg.JobCgroup, Killed: n, Elapsed: float64(time.Since(start)) / 1e6}
+		if err != nil {
+			rep.Error = err.Error()
+			d.log.Error("fencing: could not stop the managed processes", "cgroup", d.cfg.JobCgroup, "err", err)
+		} else {
+			d.log.Warn("fenced: managed processes stopped", "cgroup", d.cfg.JobCgroup, "killed", n, "elapsed", time.Since(start))
+		}
+		d.fenceMu.Lock()
+		d.lastFence = rep
+		d.fenceMu.Unlock()
+		_ = d.notify.Notify("STATUS=fenced: cut off from the ring")
+	case heartbeat.EventRejoin:
+		_ = d.notify.Notify(fmt.Sprintf("STATUS=serving node %d incarnation %d (rejoined)", d.cfg.Node, e.Inc))
+	}
+	if d.OnEvent != nil {
+		d.OnEvent(e)
+	}
+}
+
+// NodeStatus is radicd's /status document.
+type NodeStatus struct {
+	Node        int              `json:"node"`
+	Listen      string           `json:"listen"`
+	MetricsAddr string           `json:"metrics_addr,omitempty"`
+	PID         int              `json:"pid"`
+	Started     time.Time        `json:"started"`
+	Now         time.Time        `json:"now"`
+	Spare       bool             `json:"spare_configured"`
+	Ring        heartbeat.Status `json:"ring"`
+	Store       StoreStatus      `json:"store"`
+	LastFence   *FenceReport     `json:"last_fence,omitempty"`
+}
+
+// StoreStatus summarises the critical-data store.
+type StoreStatus struct {
+	Bytes   int64              `json:"bytes"`
+	Records uint64             `json:"records"`
+	Holds   []heartbeat.NodeID `json:"holds"` // nodes whose data is here
+	Sync    string             `json:"sync"`
+}
+
+func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
+	st, ok := d.runner.Status(r.Context())
+	if !ok {
+		http.Error(w, "stopping", http.StatusServiceUnavailable)
+		return
+	}
+	b, recs, _ := d.stores.totals()
+	ns := NodeStatus{
+		Node: d.cfg.Node, Listen: d.cfg.Listen.String(), MetricsAddr: d.cfg.MetricsAddr,
+		PID: os.Getpid(), Started: d.started, Now: time.Now(), Spare: d.cfg.Spare, Ring: st,
+		Store: StoreStatus{Bytes: b, Records: recs, Holds: d.stores.nodes(), Sync: d.cfg.StoreSync.String()},
+	}
+	d.fenceMu.Lock()
+	if !d.lastFence.At.IsZero() {
+		f := d.lastFence
+		ns.LastFence = &f
+	}
+	d.fenceMu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(ns)
+}
+
+// handleSuspect lets an observer escalate a safe socket's error on a
+// connection to node=N: diagnosis (direct and indirect probes) starts at
+// once instead of at the next missed deadline.
+func (d *Daemon) handleSuspect(w http.ResponseWriter, r *http.Request) {
+	id, err := nodeParam(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	d.runner.Suspect(id)
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
+	st, ok := d.runner.Status(r.Context())
+	switch {
+	case !ok:
+		http.Error(w, "stopping", http.StatusServiceUnavailable)
+	case st.Fenced:
+		http.Error(w, "fenced", http.StatusServiceUnavailable)
+	default:
+		fmt.Fprintln(w, "ok")
+	}
+}

@@ -1,0 +1,40 @@
+// Package radicd_test holds the system tests of radicd: real daemons on
+// loopback addresses 127.78.0.N, killed, frozen and cut off for real, and the
+// deploy/ files checked with systemd-analyze, promtool and a real
+// Prometheus. Every process a test starts is killed by pid in its cleanup.
+package radicd_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+var (
+	radicdBin string // built once by TestMain
+	radicBin  string
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "radicd-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	radicdBin = filepath.Join(dir, "radicd")
+	radicBin = filepath.Join(dir, "radic")
+	for bin, pkg := range map[string]string{radicdBin: "../../cmd/radicd", radicBin: "../../cmd/radic"} {
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build %s: %v\n", pkg, err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
