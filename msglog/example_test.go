@@ -22,7 +22,7 @@ func Example() {
 	}
 	defer s.Close()
 
-	const proc, conn = 42, 7<<1 | 0 // logical process 42, connection 7, inbound
+	const proc, conn = 42, 7 << 1 // logical process 42, connection 7, inbound (low bit 0)
 	for _, chunk := range []string{"hello ", "world", "!"} {
 		info, _ := s.Stream(proc, conn)
 		err := s.Append(msglog.Record{Kind: msglog.KindData, Owner: proc, Stream: conn, Offset: info.End, Payload: []byte(chunk)})

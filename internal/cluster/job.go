@@ -110,7 +110,7 @@ func Run(o RunOptions) (int, error) {
 		return 0, fmt.Errorf("--np %d: want at least one rank", o.NP)
 	}
 	if len(o.Argv) == 0 {
-		return 0, errors.New("no program given: radic run --np P -- CMD ARGS...")
+		return 0, errors.New("no program given (usage: radic run --np P -- CMD ARGS)")
 	}
 	if o.Grace == 0 {
 		o.Grace = 3 * time.Second

@@ -133,10 +133,6 @@ type tc struct {
 	upOut string // what `cluster up` printed
 }
 
-var (
-	netnsSubnetUsed = map[int]bool{}
-)
-
 // newCluster brings up a cluster of its own for t and removes it when t
 // ends. extra are more `cluster up` flags.
 func newCluster(t *testing.T, mode string, nodes, spares int, extra ...string) *tc {

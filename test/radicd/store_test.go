@@ -2,7 +2,6 @@ package radicd_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/msglog/record"
 )
 
@@ -54,17 +52,6 @@ func (r *ring) readReplica(i, of int, owner, stream uint64) ([]byte, error) {
 		b = b[n:]
 	}
 	return data, nil
-}
-
-func (r *ring) streams(i, of int) []msglog.StreamInfo {
-	resp, err := http.Get(fmt.Sprintf("http://%s/v1/replica/streams?node=%d", r.listen(i), of))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out []msglog.StreamInfo
-	json.NewDecoder(resp.Body).Decode(&out)
-	return out
 }
 
 func records(owner, stream uint64, from, n, size int) ([]record.Record, []byte) {
