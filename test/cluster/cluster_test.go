@@ -580,10 +580,6 @@ func TestCleanupLoopback(t *testing.T) {
 	c := newCluster(t, cluster.ModeLoopback, 2, 0, "--no-daemons")
 	marker := fmt.Sprintf("300.%06d", rand.IntN(1000000))
 	j := c.start(nil, "--np", "2", "--", "/bin/sh", "-c", "sleep "+marker+" & sleep "+marker+" & exec sleep 0.3")
-	c.waitRanks(2)
-	j.cmd.Process.Kill()
-	<-j.done
-	time.Sleep(500 * time.Millisecond) // the ranks' leaders exit; their children stay
 	find := func() []int {
 		var pids []int
 		ents, _ := os.ReadDir("/proc")
@@ -594,6 +590,15 @@ func TestCleanupLoopback(t *testing.T) {
 		}
 		return pids
 	}
+	c.waitRanks(2)
+	// The ranks are recorded before their programs start: kill the
+	// launcher only once every rank's shell has forked its sleeps.
+	for deadline := time.Now().Add(10 * time.Second); len(find()) < 4 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	j.cmd.Process.Kill()
+	<-j.done
+	time.Sleep(500 * time.Millisecond) // the ranks' leaders exit; their children stay
 	if n := len(find()); n != 4 {
 		t.Fatalf("%d orphaned sleeps before down, want 4", n)
 	}
