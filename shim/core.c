@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 
 #include "_cgo_export.h"
@@ -214,6 +215,42 @@ void radic_protect_runtime_fds(void)
 			protect(atoi(l + 4));
 	}
 	closedir(d);
+}
+
+/*
+ * The Go runtime's fds would take the lowest free numbers (3 and 4 in most
+ * processes), which programs reuse on purpose: a shell's `exec 3>file`
+ * dup2()s onto 3. Go cannot be told where to put them, so fill the free
+ * numbers below RADIC_FD_LOW with placeholders while Go makes them, then
+ * free the placeholders. Only called while the program has not reached
+ * main() (managed processes wait for Go there), so no application fd can
+ * land in the window.
+ */
+#define RADIC_FD_LOW 64
+static int placeholders[RADIC_FD_LOW];
+static int placeholders_n;
+
+void radic_reserve_low_fds(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4 * RADIC_FD_LOW)
+		return; /* too few fds to spare: leave them to the program */
+	int null = (int)syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDONLY | O_CLOEXEC);
+	if (null < 0)
+		return;
+	int fd = null;
+	while (fd >= 0 && fd < RADIC_FD_LOW && placeholders_n < RADIC_FD_LOW) {
+		placeholders[placeholders_n++] = fd;
+		fd = (int)syscall(SYS_fcntl, null, F_DUPFD_CLOEXEC, 3);
+	}
+	if (fd >= RADIC_FD_LOW)
+		syscall(SYS_close, fd);
+}
+
+void radic_release_low_fds(void)
+{
+	while (placeholders_n > 0)
+		syscall(SYS_close, placeholders[--placeholders_n]);
 }
 
 /* ---- the switch into Go ---------------------------------------------------- */

@@ -42,9 +42,12 @@ func init() {
 		gate.policy = C.RADIC_MANAGE_INET_STREAM
 		gate.countsPath = os.Getenv("RADIC_TEST_COUNTS")
 		// Managed sockets will need Go's poller, whose fds the process
-		// must not be able to close. Start it now (a timer does) and
-		// protect its fds, so tests exercise that protection.
+		// must not be able to close or replace. Start it now (a timer
+		// does), above the low fd numbers programs reuse, and protect
+		// its fds, so tests exercise that protection.
+		C.radic_reserve_low_fds()
 		time.AfterFunc(time.Hour, func() {})
+		C.radic_release_low_fds()
 		C.radic_protect_runtime_fds()
 	}
 	C.radic_set_ready(gate.policy)

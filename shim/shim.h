@@ -194,6 +194,8 @@ const char *radic_op_name(int op);
 int radic_enter(struct radic_call *c);
 void radic_set_ready(int policy);
 void radic_protect_runtime_fds(void);
+void radic_reserve_low_fds(void);
+void radic_release_low_fds(void);
 void radic_before_exit(void);
 int radic_open_append(const char *path);
 void radic_real_close(int fd);
