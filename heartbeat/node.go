@@ -505,6 +505,13 @@ func (n *Node) Step(msg Message, now time.Time) {
 	if m == nil {
 		return // not a member of this ring
 	}
+	if now.Sub(n.lastTick) > 2*n.cfg.Period {
+		// We stalled (frozen, descheduled) and datagrams queued meanwhile
+		// arrive before the next Tick: let Tick judge the stall first, so
+		// that news of our own death finds us already fenced, and the
+		// stall is not judged again after we rejoined.
+		n.Tick(now)
+	}
 	switch {
 	case msg.FromInc < m.Inc || (msg.FromInc == m.Inc && m.State == Dead):
 		// A dead or older incarnation: reject, and tell it.

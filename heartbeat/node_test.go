@@ -1,6 +1,7 @@
 package heartbeat
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -155,6 +156,16 @@ func TestShortFreezeIsNoFailure(t *testing.T) {
 }
 
 func TestLongFreezeDetectedAndStaleIncarnationRejected(t *testing.T) {
+	for _, readFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readFirst=%v", readFirst), func(t *testing.T) {
+			testLongFreeze(t, readFirst)
+		})
+	}
+}
+
+// testLongFreeze: whichever the thawed node does first, tick or read the
+// news of its own death, it fences exactly once and rejoins once.
+func testLongFreeze(t *testing.T, readFirst bool) {
 	s := newSim(t, 4)
 	s.run(time.Second)
 	_, oldInc := s.nodes[2].Self()
@@ -163,7 +174,11 @@ func TestLongFreezeDetectedAndStaleIncarnationRejected(t *testing.T) {
 	if d := s.find(EventDeclared, 3, 2); len(d) != 1 || d[0].Cause != CauseUnreachable {
 		t.Fatalf("a frozen node was not declared: %+v", d)
 	}
-	s.thaw(2)
+	if readFirst {
+		s.thawReadFirst(2, 3)
+	} else {
+		s.thaw(2)
+	}
 	// It fences at once (it was stalled for longer than FenceTimeout),
 	// learns that it was declared, and rejoins as a new incarnation.
 	s.run(time.Second)

@@ -101,6 +101,24 @@ func (s *sim) thaw(id NodeID) {
 	delete(s.held, id)
 }
 
+// thawReadFirst is thaw with the other order, the real runner's: the
+// datagrams queued while frozen are read before the first tick, and the
+// first of them is news, from a live neighbour, that id was declared dead.
+func (s *sim) thawReadFirst(id NodeID, from NodeID) {
+	delete(s.frozen, id)
+	if n := s.nodes[id]; n != nil {
+		news := Message{Type: MsgHeartbeat, From: from, To: id, View: s.nodes[from].view()}
+		_, news.FromInc = s.nodes[from].Self()
+		for _, m := range append([]Message{news}, s.held[id]...) {
+			n.Step(m, s.now)
+			s.drain(id)
+		}
+		n.Tick(s.now)
+		s.drain(id)
+	}
+	delete(s.held, id)
+}
+
 func (s *sim) drain(id NodeID) {
 	n := s.nodes[id]
 	rd := n.Ready()
