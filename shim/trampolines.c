@@ -557,10 +557,33 @@ int pselect(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec 
 	return REAL(pselect)(nfds, rd, wr, ex, tmo, mask);
 }
 
+/*
+ * How many managed fds each epoll set watches, so that epoll_wait on a set
+ * that watches none takes the fast path. A managed fd closed while still
+ * registered leaves the count high (the kernel drops it silently): that
+ * costs a trip through Go, never a missed event.
+ */
+static unsigned short epoll_managed[RADIC_FD_MAX];
+
+static void count_epoll_managed(int epfd, int op)
+{
+	if ((unsigned)epfd >= RADIC_FD_MAX || !owner())
+		return;
+	if (op == EPOLL_CTL_ADD) {
+		if (__atomic_add_fetch(&epoll_managed[epfd], 1, __ATOMIC_RELAXED) == 1)
+			radic_fd_set(epfd, RADIC_FD_EPOLL_MANAGED);
+	} else if (op == EPOLL_CTL_DEL && epoll_managed[epfd] > 0) {
+		if (__atomic_sub_fetch(&epoll_managed[epfd], 1, __ATOMIC_RELAXED) == 0)
+			radic_fd_clear(epfd, RADIC_FD_EPOLL_MANAGED);
+	}
+}
+
 static int app_epoll(int epfd)
 {
 	if (epfd >= 0) {
 		fresh_fd(epfd);
+		if ((unsigned)epfd < RADIC_FD_MAX && owner())
+			__atomic_store_n(&epoll_managed[epfd], 0, __ATOMIC_RELAXED);
 		if (owner())
 			radic_fd_set(epfd, RADIC_FD_APP_EPOLL);
 	}
@@ -574,13 +597,13 @@ int epoll_create1(int flags) { return app_epoll(REAL(epoll_create1)(flags)); }
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	long r;
-	if (MANAGED(fd)) {
-		if (owner())
-			radic_fd_set(epfd, RADIC_FD_EPOLL_MANAGED);
-		if (GO(epoll_ctl, epfd, op, fd, (long)ev, 0, 0, 0))
-			return (int)r;
-	}
-	return REAL(epoll_ctl)(epfd, op, fd, ev);
+	if (!MANAGED(fd))
+		return REAL(epoll_ctl)(epfd, op, fd, ev);
+	if (!GO(epoll_ctl, epfd, op, fd, (long)ev, 0, 0, 0))
+		r = REAL(epoll_ctl)(epfd, op, fd, ev);
+	if (r == 0)
+		count_epoll_managed(epfd, op);
+	return (int)r;
 }
 
 #define EPOLL_MANAGED(epfd) RADIC_UNLIKELY(radic_fd_get(epfd) & RADIC_FD_EPOLL_MANAGED)

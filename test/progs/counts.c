@@ -187,6 +187,9 @@ int main(void)
 	CHECK_SYS(epoll_ctl(ep2, EPOLL_CTL_ADD, p[0], &e));
 	EQ(epoll_wait(ep2, &o, 1, 1000), 1);
 	EQ(epoll_pwait(ep2, &o, 1, 1000, NULL), 1);
+	/* The TCP set again: its TCP fd was deleted, it holds a pipe now. */
+	CHECK_SYS(epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &e));
+	EQ(epoll_wait(ep, &o, 1, 1000), 1);
 	EQ(read(p[0], in, 16), 16);
 	CHECK_SYS(fcntl(p[0], F_GETFL));
 	CHECK_SYS(fcntl64(p[0], F_GETFL));
