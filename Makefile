@@ -49,12 +49,18 @@ FORCE:
 deps:
 	@scripts/deps.sh
 
-# Tests: unit tests of every package, then the system suites under test/,
-# which use the artifacts built above.
+# Tests: unit tests of every package (in parallel), then the system suites
+# under test/, which use the artifacts built above, one package at a time:
+# they start real daemons, clusters and MPI jobs, and timing-sensitive ones
+# (failure detection, MPI on 2 cores) must not compete with each other.
 TEST_TIMEOUT ?= 40m
 test: deps all lib/libradic-broken.so
 	@mkdir -p build
-	$(GO) test -shuffle=on -timeout $(TEST_TIMEOUT) ./... 2>&1 | tee build/test.log; exit $${PIPESTATUS[0]}
+	set -o pipefail; { \
+	  $(GO) test -shuffle=on -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v '/test/'); unit=$$?; \
+	  $(GO) test -p 1 -shuffle=on -timeout $(TEST_TIMEOUT) ./test/...; system=$$?; \
+	  [ $$unit = 0 ] && [ $$system = 0 ]; \
+	} 2>&1 | tee build/test.log
 
 bench: deps all
 	@mkdir -p build
