@@ -16,7 +16,7 @@ import (
 // benchRuns is how many bare and how many preloaded runs each row gets
 // (alternating); RADIC_BENCH_RUNS overrides it (at least 5).
 func benchRuns(b *testing.B) int {
-	n := 7
+	n := 15
 	if s := os.Getenv("RADIC_BENCH_RUNS"); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 5 {
