@@ -59,6 +59,7 @@ say "what the protector ring saw:"
 
 bold "What this shows"
 say "- radic is transparent: the job under libradic.so computes the reference answer."
-say "- radicd's ring noticed node 2's death (above), and took it out of the ring."
+say "- radicd's ring noticed node 2's death (above), took it out of the ring and"
+say "  promoted the spare (node 4) to protect in its place."
 say "- The job itself did not survive: safe sockets, message logging and restart of"
 say "  the lost ranks are the next stages of radic (see README.md, 'What works today')."
