@@ -411,39 +411,25 @@ static int refuse_private_target(int newfd)
 	return -1;
 }
 
-int dup2(int oldfd, int newfd)
+/* dup2 and dup3: newfd is closed and becomes a duplicate of oldfd. */
+static int dup_onto(int oldfd, int newfd, int flags, int is_dup3)
 {
-	if (oldfd == newfd || (radic_fd_get(oldfd) | radic_fd_get(newfd)) == 0) {
-		int r = REAL(dup2)(oldfd, newfd);
-		if (r >= 0 && oldfd != newfd)
-			fresh_fd(r);
-		return r;
-	}
+#define REAL_DUP_ONTO() (is_dup3 ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd))
+	if (oldfd == newfd || (radic_fd_get(oldfd) | radic_fd_get(newfd)) == 0)
+		return REAL_DUP_ONTO();
 	if (is_protected(newfd))
 		return refuse_private_target(newfd);
 	retire_fd(newfd);
-	int r = REAL(dup2)(oldfd, newfd);
+	int r = REAL_DUP_ONTO();
 	if (r >= 0)
 		dup_fd(oldfd, r);
 	return r;
+#undef REAL_DUP_ONTO
 }
 
-int dup3(int oldfd, int newfd, int flags)
-{
-	if (oldfd == newfd || (radic_fd_get(oldfd) | radic_fd_get(newfd)) == 0) {
-		int r = REAL(dup3)(oldfd, newfd, flags);
-		if (r >= 0)
-			fresh_fd(r);
-		return r;
-	}
-	if (is_protected(newfd))
-		return refuse_private_target(newfd);
-	retire_fd(newfd);
-	int r = REAL(dup3)(oldfd, newfd, flags);
-	if (r >= 0)
-		dup_fd(oldfd, r);
-	return r;
-}
+int dup2(int oldfd, int newfd) { return dup_onto(oldfd, newfd, 0, 0); }
+
+int dup3(int oldfd, int newfd, int flags) { return dup_onto(oldfd, newfd, flags, 1); }
 
 /* fcntl's third argument is an int or a pointer depending on cmd; on the
  * supported ABI (x86-64, aarch64) both travel in one register, so reading
