@@ -20,6 +20,7 @@ unsigned char radic_fdflags[RADIC_FD_MAX];
 int radic_managed_count;
 int radic_manage_policy;
 int radic_go_ready;
+int radic_in_child;
 pid_t radic_owner_pid;
 RADIC_TLS int radic_in_shim;
 
@@ -300,7 +301,8 @@ __attribute__((constructor(101))) static void radic_init(void)
 {
 	radic_owner_pid = getpid();
 	const char *t = getenv("RADIC_TEST_MANAGE");
-	wait_for_go = t != NULL && strcmp(t, "1") == 0;
+	const char *job = getenv("RADIC_JOB");
+	wait_for_go = (t != NULL && strcmp(t, "1") == 0) || (job != NULL && *job != 0);
 }
 
 /*

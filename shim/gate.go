@@ -38,7 +38,18 @@ var gate struct {
 
 func init() {
 	gate.policy = C.RADIC_MANAGE_NONE
-	if os.Getenv("RADIC_TEST_MANAGE") == "1" {
+	if os.Getenv("RADIC_TEST_MANAGE") != "1" && os.Getenv("RADIC_JOB") != "" {
+		// A rank of a radic job: its connections to the job's other
+		// processes become safe sockets. The control plane's fds (the
+		// poller's, the control listener) go above the low numbers.
+		C.radic_reserve_low_fds()
+		safe = newSafeSockets()
+		C.radic_release_low_fds()
+		C.radic_protect_runtime_fds()
+		if safe != nil {
+			gate.policy = C.RADIC_MANAGE_JOB
+		}
+	} else if os.Getenv("RADIC_TEST_MANAGE") == "1" {
 		gate.policy = C.RADIC_MANAGE_INET_STREAM
 		gate.countsPath = os.Getenv("RADIC_TEST_COUNTS")
 		// Managed sockets will need Go's poller, whose fds the process
@@ -63,6 +74,9 @@ func radicGoCall(c *C.struct_radic_call) C.int {
 	if op < 0 || op >= len(gate.counts) {
 		return C.RADIC_PASS
 	}
+	if safe != nil {
+		return safe.dispatch(c)
+	}
 	gate.counts[op].Add(1)
 	switch op {
 	case C.RADIC_OP_socket:
@@ -86,6 +100,9 @@ func radicGoPing() {}
 //
 //export radicGoExit
 func radicGoExit() {
+	if safe != nil {
+		safe.exit()
+	}
 	if gate.countsPath == "" {
 		return
 	}

@@ -14,9 +14,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-pid_t fork(void) { return REAL(fork)(); }
+/* A fork child shares the parent's safe sockets but none of its Go side:
+ * from here on it makes plain calls (radic_in_child). */
+pid_t fork(void)
+{
+	pid_t p = REAL(fork)();
+	if (p == 0)
+		radic_in_child = 1;
+	return p;
+}
 
-pid_t _Fork(void) { return REAL(_Fork)(); }
+pid_t _Fork(void)
+{
+	pid_t p = REAL(_Fork)();
+	if (p == 0)
+		radic_in_child = 1;
+	return p;
+}
 
 int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		const posix_spawnattr_t *attr, char *const argv[], char *const envp[])

@@ -134,7 +134,9 @@ enum {
 	RADIC_FD_MANAGED = 1 << 0,      /* calls on it go to Go */
 	RADIC_FD_PRIVATE = 1 << 1,      /* the library's own: protected from close/dup2 */
 	RADIC_FD_APP_EPOLL = 1 << 2,    /* an epoll fd the application created */
-	RADIC_FD_EPOLL_MANAGED = 1 << 3 /* an epoll fd watching a managed fd */
+	RADIC_FD_EPOLL_MANAGED = 1 << 3, /* an epoll fd watching a managed fd (test mode) */
+	RADIC_FD_CANDIDATE = 1 << 4,     /* a TCP socket that may become managed */
+	RADIC_FD_LISTENER = 1 << 5       /* a listener registered with radicd */
 };
 
 extern unsigned char radic_fdflags[RADIC_FD_MAX];
@@ -182,11 +184,13 @@ enum { RADIC_PASS = 0, RADIC_DONE = 1 };
 /* Management policy, set by Go at init. */
 enum {
 	RADIC_MANAGE_NONE = 0,       /* nothing is managed (pass-through) */
-	RADIC_MANAGE_INET_STREAM = 1 /* test mode: every TCP socket is managed */
+	RADIC_MANAGE_INET_STREAM = 1, /* test mode: every TCP socket is managed */
+	RADIC_MANAGE_JOB = 2          /* safe sockets between the job's processes */
 };
 extern int radic_manage_policy;
 
 extern int radic_go_ready;
+extern int radic_in_child; /* a fork child: C-only, plain calls */
 extern pid_t radic_owner_pid;
 extern RADIC_TLS int radic_in_shim;
 

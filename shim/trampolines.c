@@ -14,8 +14,10 @@
  * leave it alone.
  */
 #include "shim.h"
+#include "conn.h"
 
 #include <fcntl.h>
+#include <string.h>
 #include <stdarg.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
@@ -44,8 +46,10 @@ static inline int owner(void) { return getpid() == radic_owner_pid; }
  * that number belonged to an fd that is gone. */
 static inline void fresh_fd(int fd)
 {
-	if (RADIC_UNLIKELY(radic_fd_get(fd) != 0) && owner())
+	if (RADIC_UNLIKELY(radic_fd_get(fd) != 0) && owner()) {
+		radic_conn_detach(fd);
 		radic_fd_forget(fd);
+	}
 }
 
 /* The fd number is about to be closed (explicitly or by dup2 onto it). */
@@ -54,8 +58,9 @@ static void retire_fd(int fd)
 	unsigned f = radic_fd_get(fd);
 	if (f == 0 || !owner())
 		return;
-	if (f & RADIC_FD_MANAGED)
+	if (f & (RADIC_FD_MANAGED | RADIC_FD_LISTENER))
 		go_notify(RADIC_OP_close, fd, 0, 0, 0);
+	radic_conn_detach(fd);
 	radic_fd_forget(fd);
 }
 
@@ -63,60 +68,121 @@ static void retire_fd(int fd)
 static void dup_fd(int oldfd, int newfd)
 {
 	fresh_fd(newfd);
-	if (radic_is_managed(oldfd))
+	if (radic_fd_get(oldfd) & (RADIC_FD_MANAGED | RADIC_FD_CANDIDATE | RADIC_FD_LISTENER))
 		go_notify(RADIC_OP_dup, oldfd, newfd, 0, 0);
 }
 
 #define MANAGED(fd) RADIC_UNLIKELY(radic_is_managed(fd))
 #define GO(op, fd, ...) go_call(RADIC_OP_##op, fd, __VA_ARGS__, &r)
 
+/* A safe socket's state, for a managed fd of this process (a fork child
+ * shares the connection's bytes but not its bookkeeping: plain calls). */
+static inline struct radic_conn *conn(int fd)
+{
+	return RADIC_UNLIKELY(radic_in_child) ? NULL : radic_conn_of(fd);
+}
+
+/* Lifecycle calls on these go to Go: a managed connection, a TCP socket not
+ * yet connected (it may become one), a radic listener. */
+#define CONTROLLED(fd)                                                                   \
+	RADIC_UNLIKELY(radic_fd_get(fd) & (RADIC_FD_MANAGED | RADIC_FD_CANDIDATE | RADIC_FD_LISTENER))
+
+static inline ssize_t conn_recv1(struct radic_conn *c, int fd, void *buf, size_t n, int flags)
+{
+	struct iovec v = {buf, n};
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+	return radic_conn_recv(c, fd, &m, flags);
+}
+
+static inline ssize_t conn_send1(struct radic_conn *c, int fd, const void *buf, size_t n,
+				 int flags)
+{
+	struct iovec v = {(void *)buf, n};
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+	return radic_conn_send(c, fd, &m, flags);
+}
+
 /* ---- data ----------------------------------------------------------------- */
 
 ssize_t read(int fd, void *buf, size_t n)
 {
 	long r;
-	if (MANAGED(fd) && GO(read, fd, (long)buf, (long)n, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return conn_recv1(c, fd, buf, n, 0);
+		if (GO(read, fd, (long)buf, (long)n, 0, 0, 0, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(read)(fd, buf, n), 0);
 }
 
 ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 {
 	long r;
-	if (MANAGED(fd) && n <= buflen && GO(read, fd, (long)buf, (long)n, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd) && n <= buflen) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return conn_recv1(c, fd, buf, n, 0);
+		if (GO(read, fd, (long)buf, (long)n, 0, 0, 0, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(__read_chk)(fd, buf, n, buflen), 0);
 }
 
 ssize_t write(int fd, const void *buf, size_t n)
 {
 	long r;
-	if (MANAGED(fd) && GO(write, fd, (long)buf, (long)n, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return conn_send1(c, fd, buf, n, 0);
+		if (GO(write, fd, (long)buf, (long)n, 0, 0, 0, 0))
+			return r;
+	}
 	return REAL(write)(fd, buf, n);
 }
 
 ssize_t readv(int fd, const struct iovec *iov, int cnt)
 {
 	long r;
-	if (MANAGED(fd) && GO(readv, fd, (long)iov, cnt, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)cnt};
+			return radic_conn_recv(c, fd, &m, 0);
+		}
+		if (GO(readv, fd, (long)iov, cnt, 0, 0, 0, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(readv)(fd, iov, cnt), 0);
 }
 
 ssize_t writev(int fd, const struct iovec *iov, int cnt)
 {
 	long r;
-	if (MANAGED(fd) && GO(writev, fd, (long)iov, cnt, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)cnt};
+			return radic_conn_send(c, fd, &m, 0);
+		}
+		if (GO(writev, fd, (long)iov, cnt, 0, 0, 0, 0))
+			return r;
+	}
 	return REAL(writev)(fd, iov, cnt);
 }
 
 ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
 	long r;
-	if (MANAGED(fd) && GO(send, fd, (long)buf, (long)n, flags, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return conn_send1(c, fd, buf, n, flags);
+		if (GO(send, fd, (long)buf, (long)n, flags, 0, 0, 0))
+			return r;
+	}
 	return REAL(send)(fd, buf, n, flags);
 }
 
@@ -124,40 +190,73 @@ ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockad
 	       socklen_t tolen)
 {
 	long r;
-	if (MANAGED(fd) && GO(sendto, fd, (long)buf, (long)n, flags, (long)to, tolen, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) /* a connected stream ignores the address */
+			return conn_send1(c, fd, buf, n, flags);
+		if (GO(sendto, fd, (long)buf, (long)n, flags, (long)to, tolen, 0))
+			return r;
+	}
 	return REAL(sendto)(fd, buf, n, flags, to, tolen);
 }
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
 	long r;
-	if (MANAGED(fd) && GO(sendmsg, fd, (long)msg, flags, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return radic_conn_send(c, fd, msg, flags);
+		if (GO(sendmsg, fd, (long)msg, flags, 0, 0, 0, 0))
+			return r;
+	}
 	return REAL(sendmsg)(fd, msg, flags);
 }
 
 int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 {
 	long r;
-	if (MANAGED(fd) && GO(sendmmsg, fd, (long)vec, vlen, flags, 0, 0, 0))
-		return (int)r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			unsigned int i;
+			for (i = 0; i < vlen; i++) {
+				ssize_t k = radic_conn_send(c, fd, &vec[i].msg_hdr, flags);
+				if (k < 0)
+					return i > 0 ? (int)i : -1;
+				vec[i].msg_len = (unsigned int)k;
+			}
+			return (int)i;
+		}
+		if (GO(sendmmsg, fd, (long)vec, vlen, flags, 0, 0, 0))
+			return (int)r;
+	}
 	return REAL(sendmmsg)(fd, vec, vlen, flags);
 }
 
 ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
 	long r;
-	if (MANAGED(fd) && GO(recv, fd, (long)buf, (long)n, flags, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return conn_recv1(c, fd, buf, n, flags);
+		if (GO(recv, fd, (long)buf, (long)n, flags, 0, 0, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(recv)(fd, buf, n, flags), flags);
 }
 
 ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
 {
 	long r;
-	if (MANAGED(fd) && n <= buflen && GO(recv, fd, (long)buf, (long)n, flags, 0, 0, 0))
-		return r;
+	if (MANAGED(fd) && n <= buflen) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return conn_recv1(c, fd, buf, n, flags);
+		if (GO(recv, fd, (long)buf, (long)n, flags, 0, 0, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(__recv_chk)(fd, buf, n, buflen, flags), flags);
 }
 
@@ -165,8 +264,17 @@ ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *from,
 		 socklen_t *fromlen)
 {
 	long r;
-	if (MANAGED(fd) && GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			ssize_t k = conn_recv1(c, fd, buf, n, flags);
+			if (k >= 0 && fromlen != NULL)
+				*fromlen = 0; /* what TCP reports */
+			return k;
+		}
+		if (GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(recvfrom)(fd, buf, n, flags, from, fromlen), flags);
 }
 
@@ -174,9 +282,17 @@ ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags,
 		       struct sockaddr *from, socklen_t *fromlen)
 {
 	long r;
-	if (MANAGED(fd) && n <= buflen &&
-	    GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
-		return r;
+	if (MANAGED(fd) && n <= buflen) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			ssize_t k = conn_recv1(c, fd, buf, n, flags);
+			if (k >= 0 && fromlen != NULL)
+				*fromlen = 0;
+			return k;
+		}
+		if (GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
+			return r;
+	}
 	return radic_fault_drop(
 		fd, REAL(__recvfrom_chk)(fd, buf, n, buflen, flags, from, fromlen), flags);
 }
@@ -184,22 +300,77 @@ ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags,
 ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
 	long r;
-	if (MANAGED(fd) && GO(recvmsg, fd, (long)msg, flags, 0, 0, 0, 0))
-		return r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c)
+			return radic_conn_recv(c, fd, msg, flags);
+		if (GO(recvmsg, fd, (long)msg, flags, 0, 0, 0, 0))
+			return r;
+	}
 	return radic_fault_drop(fd, REAL(recvmsg)(fd, msg, flags), flags);
 }
 
 int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, struct timespec *tmo)
 {
 	long r;
-	if (MANAGED(fd) && GO(recvmmsg, fd, (long)vec, vlen, flags, (long)tmo, 0, 0))
-		return (int)r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			if (vlen == 0)
+				return 0;
+			ssize_t k = radic_conn_recv(c, fd, &vec[0].msg_hdr, flags & ~MSG_WAITFORONE);
+			if (k < 0)
+				return -1;
+			vec[0].msg_len = (unsigned int)k;
+			return 1; /* one message at a time: a stream has no boundaries */
+		}
+		if (GO(recvmmsg, fd, (long)vec, vlen, flags, (long)tmo, 0, 0))
+			return (int)r;
+	}
 	return REAL(recvmmsg)(fd, vec, vlen, flags, tmo);
+}
+
+/* sendfile or splice onto (or splice off) a safe socket: the bytes must
+ * pass through the retransmit ring, so copy them through a buffer. */
+static ssize_t bounce(int in, off_t *inoff, int out, off_t *outoff, size_t n)
+{
+	char buf[64 << 10];
+	size_t want = n < sizeof buf ? n : sizeof buf;
+	struct radic_conn *ci = MANAGED(in) ? conn(in) : NULL;
+	ssize_t got = ci ? conn_recv1(ci, in, buf, want, 0)
+			 : inoff ? pread(in, buf, want, *inoff) : REAL(read)(in, buf, want);
+	if (got <= 0)
+		return got;
+	struct radic_conn *co = MANAGED(out) ? conn(out) : NULL;
+	size_t put = 0;
+	while (put < (size_t)got) {
+		ssize_t w = co ? conn_send1(co, out, buf + put, (size_t)got - put, 0)
+			       : outoff ? pwrite(out, buf + put, (size_t)got - put, *outoff + (off_t)put)
+					: REAL(write)(out, buf + put, (size_t)got - put);
+		if (w < 0) {
+			if (put == 0)
+				return -1;
+			break;
+		}
+		put += (size_t)w;
+	}
+	if (inoff)
+		*inoff += (off_t)put;
+	if (outoff)
+		*outoff += (off_t)put;
+	return (ssize_t)put;
+}
+
+static inline int bounce_needed(int a, int b)
+{
+	return (MANAGED(a) && conn(a)) || (MANAGED(b) && conn(b));
 }
 
 ssize_t sendfile(int out, int in, off_t *off, size_t n)
 {
 	long r;
+	if (RADIC_UNLIKELY(bounce_needed(out, in)))
+		return bounce(in, off, out, NULL, n);
 	if ((MANAGED(out) || MANAGED(in)) &&
 	    GO(sendfile, MANAGED(out) ? out : in, out, in, (long)off, (long)n, 0, 0))
 		return r;
@@ -209,6 +380,8 @@ ssize_t sendfile(int out, int in, off_t *off, size_t n)
 ssize_t sendfile64(int out, int in, off_t *off, size_t n)
 {
 	long r;
+	if (RADIC_UNLIKELY(bounce_needed(out, in)))
+		return bounce(in, off, out, NULL, n);
 	if ((MANAGED(out) || MANAGED(in)) &&
 	    GO(sendfile, MANAGED(out) ? out : in, out, in, (long)off, (long)n, 0, 0))
 		return r;
@@ -218,6 +391,8 @@ ssize_t sendfile64(int out, int in, off_t *off, size_t n)
 ssize_t splice(int in, off_t *inoff, int out, off_t *outoff, size_t n, unsigned int flags)
 {
 	long r;
+	if (RADIC_UNLIKELY(bounce_needed(in, out)))
+		return bounce(in, inoff, out, outoff, n);
 	if ((MANAGED(in) || MANAGED(out)) &&
 	    GO(splice, MANAGED(in) ? in : out, in, (long)inoff, out, (long)outoff, (long)n, flags))
 		return r;
@@ -232,16 +407,23 @@ int socket(int domain, int type, int proto)
 	if (fd < 0)
 		return fd;
 	fresh_fd(fd);
-	if (RADIC_UNLIKELY(radic_manage_policy != RADIC_MANAGE_NONE) &&
-	    (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM)
+	if (RADIC_LIKELY(radic_manage_policy == RADIC_MANAGE_NONE) || radic_in_child ||
+	    (type & 0xf) != SOCK_STREAM)
+		return fd;
+	if (radic_manage_policy == RADIC_MANAGE_JOB) {
+		/* Whether it is managed is decided at connect or listen. */
+		if (domain == AF_INET)
+			radic_fd_set(fd, RADIC_FD_CANDIDATE);
+	} else if (domain == AF_INET || domain == AF_INET6) {
 		go_notify(RADIC_OP_socket, fd, domain, type, proto);
+	}
 	return fd;
 }
 
 int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
 	long r;
-	if (MANAGED(fd) && GO(connect, fd, (long)addr, len, 0, 0, 0, 0))
+	if (CONTROLLED(fd) && GO(connect, fd, (long)addr, len, 0, 0, 0, 0))
 		return (int)r;
 	return REAL(connect)(fd, addr, len);
 }
@@ -253,7 +435,7 @@ static int accepted(int lfd, int fd)
 	if (fd < 0)
 		return fd;
 	fresh_fd(fd);
-	if (MANAGED(lfd))
+	if (CONTROLLED(lfd))
 		go_notify(RADIC_OP_accept, lfd, fd, 0, 0);
 	return fd;
 }
@@ -271,7 +453,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 int bind(int fd, const struct sockaddr *addr, socklen_t len)
 {
 	long r;
-	if (MANAGED(fd) && GO(bind, fd, (long)addr, len, 0, 0, 0, 0))
+	if (CONTROLLED(fd) && GO(bind, fd, (long)addr, len, 0, 0, 0, 0))
 		return (int)r;
 	return REAL(bind)(fd, addr, len);
 }
@@ -279,7 +461,7 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len)
 int listen(int fd, int backlog)
 {
 	long r;
-	if (MANAGED(fd) && GO(listen, fd, backlog, 0, 0, 0, 0, 0))
+	if (CONTROLLED(fd) && GO(listen, fd, backlog, 0, 0, 0, 0, 0))
 		return (int)r;
 	return REAL(listen)(fd, backlog);
 }
@@ -295,7 +477,7 @@ int shutdown(int fd, int how)
 int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	long r;
-	if (MANAGED(fd) && GO(setsockopt, fd, level, name, (long)val, len, 0, 0))
+	if (CONTROLLED(fd) && GO(setsockopt, fd, level, name, (long)val, len, 0, 0))
 		return (int)r;
 	return REAL(setsockopt)(fd, level, name, val, len);
 }
@@ -311,16 +493,28 @@ int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 int getsockname(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	long r;
-	if (MANAGED(fd) && GO(getsockname, fd, (long)addr, (long)len, 0, 0, 0, 0))
-		return (int)r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		int k = c ? radic_conn_name(c, 0, addr, len) : -1;
+		if (k != -1)
+			return k == 0 ? 0 : -1;
+		if (GO(getsockname, fd, (long)addr, (long)len, 0, 0, 0, 0))
+			return (int)r;
+	}
 	return REAL(getsockname)(fd, addr, len);
 }
 
 int getpeername(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	long r;
-	if (MANAGED(fd) && GO(getpeername, fd, (long)addr, (long)len, 0, 0, 0, 0))
-		return (int)r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		int k = c ? radic_conn_name(c, 1, addr, len) : -1;
+		if (k != -1)
+			return k == 0 ? 0 : -1;
+		if (GO(getpeername, fd, (long)addr, (long)len, 0, 0, 0, 0))
+			return (int)r;
+	}
 	return REAL(getpeername)(fd, addr, len);
 }
 
@@ -443,8 +637,17 @@ static int do_fcntl(int (*real)(int, int, ...), int fd, int cmd, void *arg)
 			dup_fd(fd, nfd);
 		return nfd;
 	}
-	if (MANAGED(fd) && GO(fcntl, fd, cmd, (long)arg, 0, 0, 0, 0))
-		return (int)r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			int k = real(fd, cmd, arg);
+			if (k == 0 && cmd == F_SETFL)
+				radic_conn_fcntl_flags(c, (int)(long)arg);
+			return k;
+		}
+		if (GO(fcntl, fd, cmd, (long)arg, 0, 0, 0, 0))
+			return (int)r;
+	}
 	return real(fd, cmd, arg);
 }
 
@@ -473,8 +676,17 @@ int ioctl(int fd, unsigned long req, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	long r;
-	if (MANAGED(fd) && GO(ioctl, fd, (long)req, (long)arg, 0, 0, 0, 0))
-		return (int)r;
+	if (MANAGED(fd)) {
+		struct radic_conn *c = conn(fd);
+		if (c) {
+			int k = REAL(ioctl)(fd, req, arg);
+			if (k == 0 && req == FIONBIO && arg != NULL)
+				radic_conn_fcntl_flags(c, *(int *)arg ? O_NONBLOCK : 0);
+			return k;
+		}
+		if (GO(ioctl, fd, (long)req, (long)arg, 0, 0, 0, 0))
+			return (int)r;
+	}
 	return REAL(ioctl)(fd, req, arg);
 }
 
@@ -505,30 +717,100 @@ static inline int select_has_managed(int nfds, const fd_set *a, const fd_set *b,
 	return 0;
 }
 
+/* A waiting call must look closer only when a safe socket is not UP. */
+static inline int conns_unready(void)
+{
+	return RADIC_UNLIKELY(__atomic_load_n(&radic_unready, __ATOMIC_RELAXED) > 0) &&
+	       !radic_in_child;
+}
+
+static int timespec_ms(const struct timespec *t)
+{
+	if (t == NULL)
+		return -1;
+	long ms = t->tv_sec * 1000 + (t->tv_nsec + 999999) / 1000000;
+	return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
 int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	long r;
-	if (RADIC_UNLIKELY(poll_has_managed(fds, n)) &&
-	    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
-		return (int)r;
+	if (RADIC_UNLIKELY(poll_has_managed(fds, n))) {
+		if (conns_unready())
+			return radic_conn_poll(fds, n, timeout, NULL);
+		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
+			return (int)r;
+	}
 	return REAL(poll)(fds, n, timeout);
 }
 
 int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
 {
 	long r;
-	if (RADIC_UNLIKELY(poll_has_managed(fds, n)) &&
-	    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
-		return (int)r;
+	if (RADIC_UNLIKELY(poll_has_managed(fds, n))) {
+		if (conns_unready())
+			return radic_conn_poll(fds, n, timespec_ms(tmo), mask);
+		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
+			return (int)r;
+	}
 	return REAL(ppoll)(fds, n, tmo, mask);
+}
+
+/* select over a set with a safe socket that is not UP: done as a poll. */
+static int select_as_poll(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int timeout_ms,
+			  const sigset_t *mask)
+{
+	struct pollfd p[FD_SETSIZE];
+	nfds_t n = 0;
+	if (nfds > FD_SETSIZE)
+		nfds = FD_SETSIZE;
+	for (int fd = 0; fd < nfds; fd++) {
+		short ev = (rd && FD_ISSET(fd, rd) ? POLLIN : 0) |
+			   (wr && FD_ISSET(fd, wr) ? POLLOUT : 0) |
+			   (ex && FD_ISSET(fd, ex) ? POLLPRI : 0);
+		if (ev)
+			p[n++] = (struct pollfd){.fd = fd, .events = ev};
+	}
+	int r = radic_conn_poll(p, n, timeout_ms, mask);
+	if (r < 0)
+		return r;
+	if (rd)
+		FD_ZERO(rd);
+	if (wr)
+		FD_ZERO(wr);
+	if (ex)
+		FD_ZERO(ex);
+	int count = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		short re = p[i].revents;
+		if (re & POLLNVAL) {
+			errno = EBADF;
+			return -1;
+		}
+		if (rd && (p[i].events & POLLIN) && (re & (POLLIN | POLLHUP | POLLERR)))
+			FD_SET(p[i].fd, rd), count++;
+		if (wr && (p[i].events & POLLOUT) && (re & (POLLOUT | POLLERR)))
+			FD_SET(p[i].fd, wr), count++;
+		if (ex && (p[i].events & POLLPRI) && (re & POLLPRI))
+			FD_SET(p[i].fd, ex), count++;
+	}
+	return count;
 }
 
 int select(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *tv)
 {
 	long r;
-	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex)) &&
-	    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tv, 0, &r))
-		return (int)r;
+	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex))) {
+		if (conns_unready()) {
+			int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+			return select_as_poll(nfds, rd, wr, ex, ms, NULL);
+		}
+		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tv, 0, &r))
+			return (int)r;
+	}
 	return REAL(select)(nfds, rd, wr, ex, tv);
 }
 
@@ -536,10 +818,14 @@ int pselect(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec 
 	    const sigset_t *mask)
 {
 	long r;
-	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex)) &&
-	    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tmo, (long)mask,
-		    &r))
-		return (int)r;
+	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex))) {
+		if (conns_unready())
+			return select_as_poll(nfds, rd, wr, ex, timespec_ms(tmo), mask);
+		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tmo,
+			    (long)mask, &r))
+			return (int)r;
+	}
 	return REAL(pselect)(nfds, rd, wr, ex, tmo, mask);
 }
 
@@ -585,6 +871,9 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	long r;
 	if (!MANAGED(fd))
 		return REAL(epoll_ctl)(epfd, op, fd, ev);
+	struct radic_conn *c = conn(fd);
+	if (c)
+		return radic_conn_epoll_ctl(c, epfd, op, fd, ev);
 	if (!GO(epoll_ctl, epfd, op, fd, (long)ev, 0, 0, 0))
 		r = REAL(epoll_ctl)(epfd, op, fd, ev);
 	if (r == 0)

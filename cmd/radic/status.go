@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -80,6 +81,11 @@ func statusCmd(args []string) error {
 			a := n.MetricsAddr
 			if a == "" {
 				a = n.RadicdAddr
+			}
+			// A readdressed netns node's radicd follows its new address
+			// (in loopback mode a readdress is only recorded).
+			if _, port, err := net.SplitHostPort(a); err == nil && s.Mode == cluster.ModeNetns && n.Addr != "" {
+				a = net.JoinHostPort(n.Addr, port)
 			}
 			addrs = append(addrs, a)
 			known[heartbeat.NodeID(n.ID)] = a

@@ -1,5 +1,12 @@
 // Package hbudp carries heartbeat datagrams over UDP: one socket per node,
-// bound to the node's listen address, sending to the peers' addresses.
+// bound to the node's listen address (or the wildcard address, so that the
+// socket survives a change of the node's address), sending to the peers'
+// current addresses.
+//
+// Addresses live here, at the edge, not in the protocol core: the daemon
+// changes a peer's address with SetPeer when the peer moves, and learns of a
+// move it missed through OnNewSource, which reports a peer whose datagrams
+// come from an address other than the one it is sent to.
 package hbudp
 
 import (
@@ -7,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/radic-project/radic/heartbeat"
@@ -14,34 +22,89 @@ import (
 
 var _ heartbeat.Transport = (*Transport)(nil)
 
-// Transport is a heartbeat.Transport over one UDP socket.
+// sourceNoteEvery is how often one (peer, source) mismatch is reported.
+const sourceNoteEvery = time.Second
+
+// Transport is a heartbeat.Transport over one UDP socket. Its methods are
+// safe for concurrent use.
 type Transport struct {
-	conn  *net.UDPConn
+	conn *net.UDPConn
+
+	mu sync.RWMutex
+	// +checklocks:mu
 	peers map[heartbeat.NodeID]netip.AddrPort
+	// +checklocks:mu
+	onSource func(heartbeat.NodeID, netip.AddrPort)
+	// +checklocks:mu
+	noted map[heartbeat.NodeID]sourceNote
 }
 
-// Listen binds addr and sends to peers (node id -> UDP address).
+type sourceNote struct {
+	src netip.AddrPort
+	at  time.Time
+}
+
+// Listen binds addr and sends to peers (node id -> UDP address). An IPv4
+// addr gets an IPv4 socket, so that sources are plain IPv4 addresses even
+// for the wildcard 0.0.0.0.
 func Listen(addr netip.AddrPort, peers map[heartbeat.NodeID]netip.AddrPort) (*Transport, error) {
-	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+	network := "udp"
+	if addr.Addr().Is4() {
+		network = "udp4"
+	}
+	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(addr))
 	if err != nil {
 		return nil, fmt.Errorf("listen heartbeat udp %v: %w", addr, err)
 	}
-	return &Transport{conn: c, peers: peers}, nil
+	t := &Transport{conn: c, peers: map[heartbeat.NodeID]netip.AddrPort{}, noted: map[heartbeat.NodeID]sourceNote{}}
+	for id, a := range peers {
+		t.peers[id] = unmap(a)
+	}
+	return t, nil
 }
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
 
 // LocalAddr is the bound address.
 func (t *Transport) LocalAddr() netip.AddrPort {
 	return t.conn.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
+// SetPeer sets (or adds) the address datagrams to node id go to.
+func (t *Transport) SetPeer(id heartbeat.NodeID, addr netip.AddrPort) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.peers[id] = unmap(addr)
+	delete(t.noted, id)
+}
+
+// Peer returns the address datagrams to node id go to.
+func (t *Transport) Peer(id heartbeat.NodeID) (netip.AddrPort, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	a, ok := t.peers[id]
+	return a, ok
+}
+
+// OnNewSource sets f to be called, from the receiving goroutine, when a
+// well-formed datagram from a known peer comes from an address other than
+// the one the peer is sent to (at most once a second per peer and source).
+// f must not block; it is how the daemon learns that a peer moved.
+func (t *Transport) OnNewSource(f func(from heartbeat.NodeID, src netip.AddrPort)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.onSource = f
+}
+
 // Send implements heartbeat.Transport.
 func (t *Transport) Send(to heartbeat.NodeID, b []byte) error {
-	a, ok := t.peers[to]
+	a, ok := t.Peer(to)
 	if !ok {
 		return fmt.Errorf("hbudp: no address for node %d", to)
 	}
 	if _, err := t.conn.WriteToUDPAddrPort(b, a); err != nil {
-		// ECONNREFUSED from an earlier ICMP and the like: a lost datagram.
+		// ECONNREFUSED from an earlier ICMP, no route while the node's
+		// address changes, and the like: a lost datagram.
 		return nil
 	}
 	return nil
@@ -50,7 +113,7 @@ func (t *Transport) Send(to heartbeat.NodeID, b []byte) error {
 // Recv implements heartbeat.Transport.
 func (t *Transport) Recv(b []byte) (int, error) {
 	for {
-		n, _, err := t.conn.ReadFromUDPAddrPort(b)
+		n, src, err := t.conn.ReadFromUDPAddrPort(b)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return 0, err
@@ -60,7 +123,34 @@ func (t *Transport) Recv(b []byte) (int, error) {
 			time.Sleep(time.Millisecond)
 			continue
 		}
+		t.checkSource(b[:n], unmap(src))
 		return n, nil
+	}
+}
+
+// checkSource reports a known peer's datagram from an unexpected address.
+func (t *Transport) checkSource(b []byte, src netip.AddrPort) {
+	t.mu.RLock()
+	f := t.onSource
+	t.mu.RUnlock()
+	if f == nil {
+		return
+	}
+	m, err := heartbeat.Decode(b)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	t.mu.Lock()
+	want, known := t.peers[m.From]
+	prev := t.noted[m.From]
+	report := known && want != src && (prev.src != src || now.Sub(prev.at) >= sourceNoteEvery)
+	if report {
+		t.noted[m.From] = sourceNote{src: src, at: now}
+	}
+	t.mu.Unlock()
+	if report {
+		f(m.From, src)
 	}
 }
 

@@ -3,6 +3,7 @@ package hbudp
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/radic-project/radic/heartbeat"
 )
@@ -37,5 +38,75 @@ func TestUDPRoundTrip(t *testing.T) {
 	a.Close()
 	if _, err := a.Recv(buf); err == nil {
 		t.Errorf("Recv after Close = nil, want net.ErrClosed")
+	}
+}
+
+// A peer that moved: SetPeer redirects the datagrams, and datagrams from
+// an unexpected source are reported (once per source and second) until the
+// peer's address is set to it.
+func TestMovedPeer(t *testing.T) {
+	// The receiver binds the wildcard, as radicd does in netns mode.
+	a, err := Listen(netip.MustParseAddrPort("0.0.0.0:0"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	port := a.LocalAddr().Port()
+	b, err := Listen(netip.MustParseAddrPort("127.78.0.211:0"), map[heartbeat.NodeID]netip.AddrPort{
+		0: netip.AddrPortFrom(netip.MustParseAddr("127.78.0.210"), port)})
+	if err != nil {
+		t.Skipf("cannot bind 127.78.0.211: %v", err)
+	}
+	defer b.Close()
+	a.SetPeer(1, netip.MustParseAddrPort("127.78.0.99:1")) // stale: 1 moved to b
+	type note struct {
+		id  heartbeat.NodeID
+		src netip.AddrPort
+	}
+	notes := make(chan note, 10)
+	a.OnNewSource(func(id heartbeat.NodeID, src netip.AddrPort) { notes <- note{id, src} })
+
+	m := heartbeat.Message{Type: heartbeat.MsgHeartbeat, From: 1, To: 0, FromInc: 3}
+	buf := make([]byte, heartbeat.MaxDatagram)
+	send := func() {
+		t.Helper()
+		m.Seq++
+		if err := b.Send(0, m.Append(nil)); err != nil {
+			t.Fatal(err)
+		}
+		a.conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := a.Recv(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send()
+	select {
+	case n := <-notes:
+		if n.id != 1 || n.src != b.LocalAddr() {
+			t.Errorf("noted %+v, want node 1 from %v", n, b.LocalAddr())
+		}
+	default:
+		t.Fatal("a datagram from a new source was not reported")
+	}
+	send()
+	if len(notes) != 0 {
+		t.Errorf("the same source was reported twice within a second")
+	}
+	a.SetPeer(1, b.LocalAddr())
+	if p, _ := a.Peer(1); p != b.LocalAddr() {
+		t.Errorf("Peer(1) = %v after SetPeer", p)
+	}
+	send()
+	if len(notes) != 0 {
+		t.Errorf("a datagram from the peer's address was reported")
+	}
+	// Garbage and unknown senders are not reported.
+	m.From = 5
+	send()
+	if len(notes) != 0 {
+		t.Errorf("an unknown sender was reported")
+	}
+	if a.LocalAddr().Addr() != netip.IPv4Unspecified() {
+		t.Errorf("wildcard bind gave %v, want an IPv4 socket", a.LocalAddr())
 	}
 }

@@ -40,16 +40,37 @@ func TestPlacement(t *testing.T) {
 
 func TestRankEnv(t *testing.T) {
 	job := &Job{ID: "c-3", Ranks: []Rank{{Rank: 0, Node: 2, Addr: "10.0.0.3:20000"}, {Rank: 1, Node: 0, Addr: "10.0.0.1:20001"}}}
-	base := []string{"PATH=/bin", "RADIC_RANK=9", "LD_PRELOAD=/other.so", "NOTIFY_SOCKET=/x"}
-	got := RankEnv(base, job, 1, 2, "/st", "")
+	base := []string{"PATH=/bin", "RADIC_RANK=9", "LD_PRELOAD=/other.so", "NOTIFY_SOCKET=/x", "RADIC_DAEMON=1.2.3.4:5"}
+	got := RankEnv(base, job, 1, 2, "/st", "", "")
 	want := []string{"PATH=/bin", "LD_PRELOAD=/other.so", "RADIC_RANK=1", "RADIC_SIZE=2", "RADIC_NODE=0",
 		"RADIC_PEERS=10.0.0.3:20000,10.0.0.1:20001", "RADIC_JOB=c-3", "RADIC_STATE_DIR=/st"}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("RankEnv without preload (-want +got):\n%s", diff)
+		t.Errorf("RankEnv without preload or daemon (-want +got):\n%s", diff)
 	}
-	got = RankEnv(base, job, 0, 2, "/st", "/lib/libradic.so")
+	got = RankEnv(base, job, 0, 2, "/st", "127.0.0.1:7470", "/lib/libradic.so")
 	if !slices.Contains(got, "LD_PRELOAD=/lib/libradic.so:/other.so") || slices.Contains(got, "LD_PRELOAD=/other.so") {
 		t.Errorf("RankEnv with preload = %v, want libradic.so in front of the old LD_PRELOAD", got)
+	}
+	if !slices.Contains(got, "RADIC_DAEMON=127.0.0.1:7470") || slices.Contains(got, "RADIC_DAEMON=1.2.3.4:5") {
+		t.Errorf("RankEnv with a daemon = %v, want RADIC_DAEMON=127.0.0.1:7470 only", got)
+	}
+}
+
+func TestDaemonAddr(t *testing.T) {
+	n := &Node{ID: 1, Addr: "10.1.3.2", LogicalAddr: "10.1.0.2", RadicdAddr: "10.1.0.2:7470"}
+	for _, tc := range []struct {
+		mode    string
+		daemons bool
+		want    string
+	}{
+		{ModeNetns, true, "127.0.0.1:7470"},
+		{ModeLoopback, true, "10.1.0.2:7470"},
+		{ModeNetns, false, ""},
+		{ModeLoopback, false, ""},
+	} {
+		if got := DaemonAddr(&State{Mode: tc.mode, Daemons: tc.daemons}, n); got != tc.want {
+			t.Errorf("DaemonAddr(%s, daemons %v) = %q, want %q", tc.mode, tc.daemons, got, tc.want)
+		}
 	}
 }
 
@@ -83,7 +104,7 @@ func TestAddresses(t *testing.T) {
 }
 
 func TestRadicdArgs(t *testing.T) {
-	s := &State{Nodes: []Node{
+	s := &State{FenceKill: true, Nodes: []Node{
 		{ID: 0, RadicdAddr: "10.1.0.1:7470", MetricsAddr: "10.1.0.1:9470", StateDir: "/d/nodes/n0", JobCg: "/cg/n0/job"},
 		{ID: 1, Spare: true, RadicdAddr: "10.1.0.2:7470", MetricsAddr: "10.1.0.2:9470", StateDir: "/d/nodes/n1"},
 	}}
@@ -96,6 +117,15 @@ func TestRadicdArgs(t *testing.T) {
 		"--spare", "--state-dir", "/d/nodes/n1", "--metrics-addr", "10.1.0.2:9470"}
 	if diff := cmp.Diff(want1, RadicdArgs(s, &s.Nodes[1])); diff != "" {
 		t.Errorf("RadicdArgs(spare) (-want +got):\n%s", diff)
+	}
+	s.Nodes[0].Netns = "c-n0" // netns mode: wildcard sockets, which survive a readdress
+	want0 = append(want0[:6:6], append([]string{"--bind", "0.0.0.0"}, want0[6:]...)...)
+	if diff := cmp.Diff(want0, RadicdArgs(s, &s.Nodes[0])); diff != "" {
+		t.Errorf("RadicdArgs(netns node) (-want +got):\n%s", diff)
+	}
+	s.FenceKill = false // the default of `radic cluster up`
+	if got := RadicdArgs(s, &s.Nodes[0]); got[len(got)-1] != "--fence-kill=false" {
+		t.Errorf("RadicdArgs without FenceKill = %q; want --fence-kill=false last", got)
 	}
 }
 

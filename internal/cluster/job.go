@@ -60,10 +60,11 @@ func placement(np, perNode int, nodes []int) ([]int, error) {
 
 // RankEnv is the one place a rank's environment is built: the launcher's
 // environment without radic's own variables, then RADIC_RANK, RADIC_SIZE,
-// RADIC_NODE, RADIC_PEERS, RADIC_JOB, RADIC_STATE_DIR and, when preload is
+// RADIC_NODE, RADIC_PEERS, RADIC_JOB, RADIC_STATE_DIR, RADIC_DAEMON when
+// daemon is set (the node's radicd, see DaemonAddr) and, when preload is
 // set, LD_PRELOAD with preload in front.
-func RankEnv(base []string, job *Job, rank, size int, dir, preload string) []string {
-	drop := []string{"RADIC_RANK", "RADIC_SIZE", "RADIC_NODE", "RADIC_PEERS", "RADIC_JOB", "RADIC_STATE_DIR", "NOTIFY_SOCKET"}
+func RankEnv(base []string, job *Job, rank, size int, dir, daemon, preload string) []string {
+	drop := []string{"RADIC_RANK", "RADIC_SIZE", "RADIC_NODE", "RADIC_PEERS", "RADIC_JOB", "RADIC_STATE_DIR", "RADIC_DAEMON", "NOTIFY_SOCKET"}
 	oldPreload := ""
 	if preload != "" {
 		for _, kv := range base {
@@ -85,6 +86,9 @@ func RankEnv(base []string, job *Job, rank, size int, dir, preload string) []str
 		"RADIC_PEERS="+strings.Join(peers, ","),
 		"RADIC_JOB="+job.ID,
 		"RADIC_STATE_DIR="+dir)
+	if daemon != "" {
+		env = append(env, "RADIC_DAEMON="+daemon)
+	}
 	if preload != "" {
 		v := preload
 		if oldPreload != "" {
@@ -182,8 +186,14 @@ func Run(o RunOptions) (int, error) {
 			Started: time.Now().UTC(), Argv: o.Argv}
 		for r, id := range where {
 			n, _ := st.Node(id)
+			// Under radic the ranks see only logical addresses (the shim
+			// finds where a node is now); a bare job needs real ones.
+			addr := n.Addr
+			if o.Preload != "" && st.Daemons && n.LogicalAddr != "" {
+				addr = n.LogicalAddr
+			}
 			job.Ranks = append(job.Ranks, Rank{Rank: r, Node: id,
-				Addr: net.JoinHostPort(n.Addr, strconv.Itoa(base+r))})
+				Addr: net.JoinHostPort(addr, strconv.Itoa(base+r))})
 		}
 		st.Jobs = append(st.Jobs, job)
 		return nil
@@ -256,7 +266,7 @@ func Run(o RunOptions) (int, error) {
 		n, _ := s.Node(job.Ranks[r].Node)
 		spec := proc.Spec{
 			Path: path, Args: o.Argv,
-			Env:   RankEnv(os.Environ(), &job, r, o.NP, s.Dir, o.Preload),
+			Env:   RankEnv(os.Environ(), &job, r, o.NP, s.Dir, DaemonAddr(s, n), o.Preload),
 			Dir:   cwd,
 			Netns: netnsPath(n), Cgroup: n.JobCg,
 			Stdin: devnull,

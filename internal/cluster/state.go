@@ -33,18 +33,19 @@ const StateFile = "state.json"
 // from, so everything the cluster creates is written here before it is
 // created.
 type State struct {
-	Version  int       `json:"version"`
-	Name     string    `json:"name"`
-	Mode     string    `json:"mode"`
-	Dir      string    `json:"dir"`
-	Subnet   string    `json:"subnet"`              // e.g. 10.77.0.0/16
-	HostAddr string    `json:"host_addr,omitempty"` // host side of the bridge (netns)
-	Bridge   string    `json:"bridge,omitempty"`
-	NftTable string    `json:"nft_table,omitempty"` // bridge-family table
-	Cgroup   string    `json:"cgroup,omitempty"`    // the cluster's cgroup directory
-	Daemons  bool      `json:"daemons"`             // radicd runs on every node
-	Phase    string    `json:"phase"`               // "creating", "up"
-	Created  time.Time `json:"created"`
+	Version   int       `json:"version"`
+	Name      string    `json:"name"`
+	Mode      string    `json:"mode"`
+	Dir       string    `json:"dir"`
+	Subnet    string    `json:"subnet"`              // e.g. 10.77.0.0/16
+	HostAddr  string    `json:"host_addr,omitempty"` // host side of the bridge (netns)
+	Bridge    string    `json:"bridge,omitempty"`
+	NftTable  string    `json:"nft_table,omitempty"` // bridge-family table
+	Cgroup    string    `json:"cgroup,omitempty"`    // the cluster's cgroup directory
+	Daemons   bool      `json:"daemons"`             // radicd runs on every node
+	FenceKill bool      `json:"fence_kill"`          // radicd kills a cut-off node's job
+	Phase     string    `json:"phase"`               // "creating", "up"
+	Created   time.Time `json:"created"`
 
 	Nodes     []Node     `json:"nodes"`
 	Resources []Resource `json:"resources"` // in creation order

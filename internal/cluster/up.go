@@ -39,6 +39,7 @@ type UpOptions struct {
 	Mode         string        // ModeNetns or ModeLoopback; "" = netns when root
 	Subnet       string        // a /16; "" = the mode's default
 	Daemons      bool          // start radicd on every node
+	FenceKill    bool          // radicd kills the job of a node cut off from the ring
 	Radicd       string        // radicd binary; "" = next to this executable or $RADIC_RADICD
 	ReadyTimeout time.Duration // how long to wait for READY=1 from each radicd
 	Logf         func(format string, args ...any)
@@ -191,7 +192,7 @@ func Up(o UpOptions) (*State, error) {
 
 	s := &State{
 		Version: 1, Name: o.Name, Mode: o.Mode, Dir: dir, Subnet: subnet.String(),
-		Daemons: o.Daemons, Phase: "creating", Created: time.Now().UTC(), NextJob: 1, NextFault: 1,
+		Daemons: o.Daemons, FenceKill: o.FenceKill, Phase: "creating", Created: time.Now().UTC(), NextJob: 1, NextFault: 1,
 	}
 	base := subnet.Addr()
 	var cgMount string
@@ -388,6 +389,12 @@ func peersFlag(s *State) string {
 // RadicdArgs is the exact command line radicd gets on node n.
 func RadicdArgs(s *State, n *Node) []string {
 	args := []string{"--node", strconv.Itoa(n.ID), "--listen", n.RadicdAddr, "--peers", peersFlag(s)}
+	if n.Netns != "" {
+		// Wildcard sockets in the node's own namespace: radicd stays
+		// reachable when the node is readdressed (it follows the new
+		// address and announces it), and ranks reach it on 127.0.0.1.
+		args = append(args, "--bind", "0.0.0.0")
+	}
 	if n.Spare {
 		args = append(args, "--spare")
 	}
@@ -395,7 +402,34 @@ func RadicdArgs(s *State, n *Node) []string {
 	if n.JobCg != "" {
 		args = append(args, "--job-cgroup", n.JobCg)
 	}
+	if !s.FenceKill {
+		// Nothing restarts a fenced node's processes elsewhere yet, so
+		// killing them would only lose the job; safe sockets ride out
+		// the cut instead.
+		args = append(args, "--fence-kill=false")
+	}
 	return args
+}
+
+// DaemonAddr is RADIC_DAEMON for the ranks of node n: where they reach
+// their node's radicd, from inside the node's network namespace, at an
+// address that stays valid when the node is readdressed. In netns mode that
+// is 127.0.0.1 (radicd binds the wildcard address in the node's namespace);
+// in loopback mode, where nodes share the host's namespace and a readdress
+// is only recorded, the node's radicd address. It is empty when the cluster
+// runs without daemons.
+func DaemonAddr(s *State, n *Node) string {
+	if !s.Daemons || n.RadicdAddr == "" {
+		return ""
+	}
+	if s.Mode == ModeNetns {
+		port := strconv.Itoa(RadicdPort)
+		if _, p, err := net.SplitHostPort(n.RadicdAddr); err == nil {
+			port = p
+		}
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return n.RadicdAddr
 }
 
 // filterEnv drops the variables named in drop from env.

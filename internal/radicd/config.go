@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -22,11 +23,13 @@ import (
 type Config struct {
 	Node        int                                 // --node
 	Listen      netip.AddrPort                      // --listen: heartbeat UDP and store TCP
+	Bind        netip.Addr                          // --bind: bind this IP instead (0.0.0.0: survive readdressing)
 	Peers       map[heartbeat.NodeID]netip.AddrPort // --peers
 	Spare       bool                                // --spare
 	StateDir    string                              // --state-dir
 	MetricsAddr string                              // --metrics-addr
 	JobCgroup   string                              // --job-cgroup
+	FenceKill   bool                                // --fence-kill
 	Period      time.Duration                       // --heartbeat-period
 	Timeout     time.Duration                       // --heartbeat-timeout
 	Probe       time.Duration                       // --probe-timeout
@@ -66,6 +69,14 @@ var settings = []setting{
 		c.Listen = a
 		return nil
 	}},
+	{name: "bind", usage: "bind the heartbeat, protocol and metrics sockets to `IP` (with the ports of --listen and --metrics-addr) instead of the addresses those name; 0.0.0.0 keeps radicd reachable when the node's address changes: it then watches the interface that holds the --listen address and announces its new address to every peer (radic cluster up uses it in netns mode)", set: func(c *Config, v string) error {
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return fmt.Errorf("not an IP address: %q", v)
+		}
+		c.Bind = a.Unmap()
+		return nil
+	}},
 	{name: "peers", usage: "every node, spares and this one included: `ID=ADDR:PORT,...` in ring order", set: func(c *Config, v string) error {
 		c.Peers = map[heartbeat.NodeID]netip.AddrPort{}
 		c.peerOrder = nil
@@ -102,6 +113,11 @@ var settings = []setting{
 	{name: "state-dir", usage: "`DIR` for the incarnation counter and the critical-data store", set: func(c *Config, v string) error { c.StateDir = v; return nil }},
 	{name: "metrics-addr", usage: "`ADDR:PORT` serving /metrics (Prometheus), /status (JSON) and /healthz; empty: off", set: func(c *Config, v string) error { c.MetricsAddr = v; return nil }},
 	{name: "job-cgroup", usage: "cgroup v2 `DIR` holding this node's managed processes, killed (cgroup.kill) when the node fences itself", set: func(c *Config, v string) error { c.JobCgroup = v; return nil }},
+	{name: "fence-kill", boolean: true, usage: "when fencing, kill the processes in --job-cgroup (default true); false only records the fence, for clusters where nothing restarts those processes elsewhere yet", set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		c.FenceKill = b
+		return err
+	}},
 	{name: "heartbeat-period", usage: "time between heartbeats to each ring neighbour", set: durSetter(func(c *Config) *time.Duration { return &c.Period })},
 	{name: "heartbeat-timeout", usage: "silence of the watched neighbour before the watchdog fires and probes start", set: durSetter(func(c *Config) *time.Duration { return &c.Timeout })},
 	{name: "probe-timeout", usage: "time the direct and indirect probes get before the node is declared dead", set: durSetter(func(c *Config) *time.Duration { return &c.Probe })},
@@ -174,7 +190,7 @@ func defaultConfig() Config {
 	return Config{
 		Node: -1, Period: hb.Period, Timeout: hb.Timeout, Probe: hb.ProbeTimeout,
 		Probers: hb.Probers, Protectors: hb.Protectors, StoreSync: msglog.SyncAlways,
-		StoreMemory: 64 << 20, LogLevel: "info", LogFormat: "text",
+		StoreMemory: 64 << 20, LogLevel: "info", LogFormat: "text", FenceKill: true,
 	}
 }
 
@@ -367,6 +383,9 @@ func (c *Config) validate() error {
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is required"))
 	}
+	if _, err := c.metricsBind(); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) == 0 {
 		hb := c.HeartbeatConfig(1)
 		hb.SetDefaults()
@@ -376,6 +395,32 @@ func (c *Config) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// bindAddr is where the heartbeat (UDP) and protocol (TCP) sockets bind:
+// --listen, or --bind with --listen's port.
+func (c *Config) bindAddr() netip.AddrPort {
+	if c.Bind.IsValid() {
+		return netip.AddrPortFrom(c.Bind, c.Listen.Port())
+	}
+	return c.Listen
+}
+
+// metricsBind is where the metrics server binds: --metrics-addr, or --bind
+// with its port.
+func (c *Config) metricsBind() (string, error) {
+	if !c.Bind.IsValid() || c.MetricsAddr == "" {
+		return c.MetricsAddr, nil
+	}
+	_, port, err := net.SplitHostPort(c.MetricsAddr)
+	if err != nil {
+		return "", fmt.Errorf("--metrics-addr %q: %v", c.MetricsAddr, err)
+	}
+	return net.JoinHostPort(c.Bind.String(), port), nil
+}
+
+// watchesAddress reports whether radicd follows its node's address: only
+// when bound to the wildcard address can its sockets outlive that address.
+func (c *Config) watchesAddress() bool { return c.Bind.IsValid() && c.Bind.IsUnspecified() }
 
 // HeartbeatConfig is the ring configuration at incarnation inc.
 func (c *Config) HeartbeatConfig(inc uint64) heartbeat.Config {

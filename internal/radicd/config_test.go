@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,37 @@ func TestParseClusterFlags(t *testing.T) {
 	}
 	if c.Period != heartbeat.DefaultPeriod || c.StoreSync != msglog.SyncAlways || c.Protectors != 1 {
 		t.Errorf("defaults: period %v sync %v k %d", c.Period, c.StoreSync, c.Protectors)
+	}
+}
+
+// TestBind: `radic cluster up` adds --bind 0.0.0.0 in netns mode; the
+// sockets then bind the wildcard address with the ports of --listen and
+// --metrics-addr, and radicd follows its node's address.
+func TestBind(t *testing.T) {
+	c, err := ParseArgs(append(slices.Clone(clusterArgs), "--bind", "0.0.0.0"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, err := c.metricsBind()
+	if c.bindAddr() != netip.MustParseAddrPort("0.0.0.0:7470") || mb != "0.0.0.0:9470" || err != nil || !c.watchesAddress() {
+		t.Errorf("--bind 0.0.0.0: bind %v, metrics %q (%v), watches %v", c.bindAddr(), mb, err, c.watchesAddress())
+	}
+	c, _ = ParseArgs(clusterArgs, io.Discard)
+	if mb, _ := c.metricsBind(); c.bindAddr() != c.Listen || mb != c.MetricsAddr || c.watchesAddress() {
+		t.Errorf("without --bind: bind %v, metrics %q, watches %v", c.bindAddr(), mb, c.watchesAddress())
+	}
+	c, _ = ParseArgs(append(slices.Clone(clusterArgs), "--bind", "10.77.0.2"), io.Discard)
+	if c.watchesAddress() {
+		t.Errorf("--bind to a specific address follows the node's address")
+	}
+	for args, want := range map[string]string{
+		"--bind 10.77.0.2:7470":                   "not an IP address",
+		"--bind 0.0.0.0 --metrics-addr localhost": "--metrics-addr",
+	} {
+		_, err := ParseArgs(append(slices.Clone(clusterArgs), strings.Fields(args)...), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error containing %q", args, err, want)
+		}
 	}
 }
 

@@ -42,6 +42,7 @@ type Daemon struct {
 	reg         *prometheus.Registry
 	client      *http.Client
 	notify      *notifier
+	loc         *locator
 
 	// OnEvent, if set before Run, sees every ring event after the daemon
 	// handled it (the protector's recovery hooks in here).
@@ -87,6 +88,12 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}),
 	}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
+	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
+	if err != nil {
+		return nil, err
+	}
+	loc.persist = func(st addrState) error { return saveAddrState(cfg.StateDir, st) }
+	d.loc = loc
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
@@ -149,10 +156,15 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	for id, a := range d.cfg.Peers {
 		peers[id] = a
 	}
-	tr, err := hbudp.Listen(d.cfg.Listen, peers)
+	bind := d.cfg.bindAddr()
+	tr, err := hbudp.Listen(bind, peers)
 	if err != nil {
 		return err
 	}
+	// Heartbeats follow a node that moves; one whose heartbeats come from
+	// a new address is asked where it is.
+	d.loc.setPeer = func(id int, a netip.AddrPort) { tr.SetPeer(heartbeat.NodeID(id), a) }
+	tr.OnNewSource(d.loc.noteSource)
 	d.runner, err = heartbeat.NewRunner(heartbeat.RunnerConfig{
 		Core: d.cfg.HeartbeatConfig(d.inc), Transport: tr, Stats: &d.stats,
 		Logger: d.log, OnEvent: d.onEvent,
@@ -163,23 +175,33 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	d.registerMetrics(d.reg)
 
-	tcp, err := net.Listen("tcp", d.cfg.Listen.String())
+	tcpNet := "tcp"
+	if bind.Addr().Is4() {
+		tcpNet = "tcp4"
+	}
+	tcp, err := net.Listen(tcpNet, bind.String())
 	if err != nil {
 		tr.Close()
-		return fmt.Errorf("listen %v: %w", d.cfg.Listen, err)
+		return fmt.Errorf("listen %v: %w", bind, err)
 	}
 	var metricsLn net.Listener
-	if d.cfg.MetricsAddr != "" {
-		metricsLn, err = net.Listen("tcp", d.cfg.MetricsAddr)
+	if mb, _ := d.cfg.metricsBind(); mb != "" {
+		mnet := "tcp"
+		if d.cfg.Bind.Is4() {
+			mnet = "tcp4"
+		}
+		metricsLn, err = net.Listen(mnet, mb)
 		if err != nil {
 			tr.Close()
 			tcp.Close()
-			return fmt.Errorf("listen metrics %v: %w", d.cfg.MetricsAddr, err)
+			return fmt.Errorf("listen metrics %v: %w", mb, err)
 		}
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	d.loc.bgCtx = ctx // announcements of this node's moves end with it
+	ifi, watch := d.initAddress()
 	var wg sync.WaitGroup
 	runErr := make(chan error, 1)
 	wg.Go(func() { runErr <- d.runner.Run(ctx) })
@@ -192,6 +214,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("POST /v1/replica/append", d.handleReplicaAppend)
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
+	d.loc.routes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })
@@ -205,11 +228,16 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		wg.Go(func() { d.serve(msrv, metricsLn, "metrics") })
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
+	wg.Go(func() { d.loc.routineSources(ctx) })
+	wg.Go(func() { d.loc.routineSync(ctx) })
+	if watch {
+		wg.Go(func() { d.routineAddrWatch(ctx, ifi) })
+	}
 	if wd := watchdogInterval(); wd > 0 {
 		wg.Go(func() { d.routineWatchdog(ctx, wd) })
 	}
 
-	d.log.Info("radicd serving", "incarnation", d.inc, "listen", d.cfg.Listen.String(),
+	d.log.Info("radicd serving", "incarnation", d.inc, "listen", d.cfg.Listen.String(), "bind", bind.String(),
 		"metrics", d.cfg.MetricsAddr, "peers", len(d.cfg.Peers), "spare", d.cfg.Spare,
 		"protectors", d.cfg.Protectors, "job_cgroup", d.cfg.JobCgroup, "pid", os.Getpid())
 	if err := d.notify.Notify(fmt.Sprintf("READY=1\nSTATUS=serving node %d incarnation %d\nMAINPID=%d", d.cfg.Node, d.inc, os.Getpid())); err != nil {
@@ -232,6 +260,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		_ = s.Shutdown(sctx)
 	}
 	wg.Wait()
+	d.loc.bg.Wait()
 	if e := <-runErr; err == nil {
 		err = e
 	}
@@ -270,6 +299,14 @@ func (d *Daemon) routineWatchdog(ctx context.Context, every time.Duration) {
 func (d *Daemon) onEvent(e heartbeat.Event) {
 	switch e.Kind {
 	case heartbeat.EventFence:
+		if !d.cfg.FenceKill {
+			d.fenceMu.Lock()
+			d.lastFence = FenceReport{At: time.Now(), Cgroup: d.cfg.JobCgroup, Error: "fence-kill is off: processes left running"}
+			d.fenceMu.Unlock()
+			d.log.Warn("fenced: cut off from the ring; fence-kill is off, so the managed processes keep running", "cgroup", d.cfg.JobCgroup)
+			_ = d.notify.Notify("STATUS=fenced: cut off from the ring (processes left running)")
+			return
+		}
 		start := time.Now()
 		n, err := killCgroup(d.cfg.JobCgroup, 5*time.Second)
 		rep := FenceReport{At: start, Cgroup: d.cfg.JobCgroup, Killed: n, Elapsed: float64(time.Since(start)) / 1e6}
@@ -295,6 +332,8 @@ func (d *Daemon) onEvent(e heartbeat.Event) {
 type NodeStatus struct {
 	Node        int              `json:"node"`
 	Listen      string           `json:"listen"`
+	Addr        string           `json:"addr"`     // current address (Listen's IP until the node moves)
+	AddrGen     uint64           `json:"addr_gen"` // how many times the node's address changed
 	MetricsAddr string           `json:"metrics_addr,omitempty"`
 	PID         int              `json:"pid"`
 	Started     time.Time        `json:"started"`
@@ -320,8 +359,10 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b, recs, _ := d.stores.totals()
+	self, _ := d.loc.peerAddr(d.cfg.Node)
+	me, _ := d.loc.table.Node(d.cfg.Node)
 	ns := NodeStatus{
-		Node: d.cfg.Node, Listen: d.cfg.Listen.String(), MetricsAddr: d.cfg.MetricsAddr,
+		Node: d.cfg.Node, Listen: d.cfg.Listen.String(), Addr: self.String(), AddrGen: me.Gen, MetricsAddr: d.cfg.MetricsAddr,
 		PID: os.Getpid(), Started: d.started, Now: time.Now(), Spare: d.cfg.Spare, Ring: st,
 		Store: StoreStatus{Bytes: b, Records: recs, Holds: d.stores.nodes(), Sync: d.cfg.StoreSync.String()},
 	}

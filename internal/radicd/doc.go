@@ -2,9 +2,11 @@
 // configuration (flags and a key = value file), the heartbeat ring member
 // over UDP, self-fencing of the job cgroup, the critical-data stores of the
 // nodes it protects (package msglog) with replication to k protectors over
-// HTTP on the --listen address, Prometheus metrics on an explicit registry,
-// the /status document read by `radic status`, and the sd_notify protocol
-// (READY=1, STOPPING=1, WATCHDOG=1) spoken to systemd or `radic cluster up`.
+// HTTP on the --listen address, the location table (package reconfigure)
+// served to the shim and shared with the other daemons, Prometheus metrics
+// on an explicit registry, the /status document read by `radic status`, and
+// the sd_notify protocol (READY=1, STOPPING=1, WATCHDOG=1) spoken to systemd
+// or `radic cluster up`.
 //
 // Network protocol on --listen (TCP, HTTP/1.1; UDP on the same port carries
 // the heartbeats):
@@ -14,7 +16,36 @@
 //	GET  /v1/replica/streams?node=N what is held for N (JSON)
 //	GET  /v1/replica/read?node=N&owner=O&stream=S&from=F  records, concatenated
 //	POST /v1/suspect?node=N         an observer escalates a socket error: probe N now
+//	GET  /v1/nodes                  every node: logical address, current address, generation
+//	POST /v1/nodes/moved            a node announces its new address {"id","addr","gen"}
+//	POST /v1/listeners              register a radic listener of this node {"job","port","lpid","ctl_port"}; pushed to every daemon before the 204
+//	DELETE /v1/listeners            unregister it (pushed too)
+//	POST|DELETE /v1/listeners?from=N  a push from node N's daemon
+//	GET  /v1/locate?job=J&addr=IP:PORT[&local=1]  is it a radic listener, and where is it now
 //	GET  /status, /healthz
 //
-// Bodies are msglog record encodings (each with its CRC32C), concatenated.
+// Store bodies are msglog record encodings (each with its CRC32C),
+// concatenated; location bodies are the JSON types of package reconfigure.
+//
+// # The location table
+//
+// Every daemon holds the whole table; there is no central component. A
+// registration is pushed by the listener's node to every other daemon
+// before it is acknowledged, so lookups are answered locally; a lookup that
+// misses for an address of a cluster node asks that node's daemon (with
+// local=1, so that it does not recurse) and caches a hit, and one for an
+// address outside the cluster is answered at once (503 when the node's
+// daemon cannot be asked: the answer is unknown, not "unmanaged").
+//
+// With --bind 0.0.0.0, radicd's sockets outlive its node's address: it
+// follows the address of the interface that holds the --listen address
+// (netlink events, and a poll every 200 ms), and on a change moves its node
+// in the table with the next generation (kept in STATE-DIR/address) and
+// announces it to every daemon (POST /v1/nodes/moved, retried for 10 s).
+// A daemon that missed the announcement learns the move from the node's
+// heartbeats, which come from the new address (hbudp reports the source;
+// the daemon asks the node's daemon there), or from the node list of
+// another daemon, compared round robin every 2 s. Heartbeats to a moved node
+// follow it, so a readdress is not a failure: nobody is declared dead and
+// the node does not fence itself.
 package radicd

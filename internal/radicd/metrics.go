@@ -28,6 +28,8 @@ var MetricNames = []string{
 	"radic_store_bytes", "radic_store_records_total", "radic_store_full_errors_total",
 	"radic_store_quota_bytes", "radic_store_fs_size_bytes", "radic_store_fs_avail_bytes", "radic_store_nodes",
 	"radic_replication_errors_total", "radic_reprotected_records_total",
+	"radic_location_lookups_total", "radic_location_moves_total", "radic_location_push_errors_total",
+	"radic_location_listeners", "radic_location_generation",
 }
 
 // registerMetrics puts radicd's collectors on reg (never the global one).
@@ -100,6 +102,7 @@ func (d *Daemon) registerMetrics(reg *prometheus.Registry) {
 		}),
 		&ringCollector{d: d},
 	)
+	reg.MustRegister(d.loc.collectors()...)
 }
 
 func fsSpace(dir string) (size, avail uint64) {

@@ -100,7 +100,7 @@ func (d *Daemon) catchUp(ctx context.Context, x, q heartbeat.NodeID) (int, error
 }
 
 func (d *Daemon) remoteStreams(ctx context.Context, q, x heartbeat.NodeID) (map[msglog.Key]msglog.StreamInfo, error) {
-	addr, ok := d.cfg.Peers[q]
+	addr, ok := d.loc.peerAddr(int(q))
 	if !ok {
 		return nil, fmt.Errorf("no address for node %d", q)
 	}

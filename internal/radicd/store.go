@@ -323,7 +323,7 @@ func (d *Daemon) replicate(ctx context.Context, body []byte) ([]heartbeat.NodeID
 
 // pushTo stores encoded records of node `of` on peer p.
 func (d *Daemon) pushTo(ctx context.Context, p, of heartbeat.NodeID, body []byte) error {
-	addr, ok := d.cfg.Peers[p]
+	addr, ok := d.loc.peerAddr(int(p))
 	if !ok {
 		return fmt.Errorf("protector %d: no address", p)
 	}

@@ -1,7 +1,9 @@
 // Package radicd_test holds the system tests of radicd: real daemons on
-// loopback addresses 127.78.0.N, killed, frozen and cut off for real, and the
-// deploy/ files checked with systemd-analyze, promtool and a real
-// Prometheus. Every process a test starts is killed by pid in its cleanup.
+// loopback addresses 127.78.0.N, killed, frozen and cut off for real, the
+// location table pushed and looked up between them, a netns cluster whose
+// node is readdressed under its daemon, and the deploy/ files checked with
+// systemd-analyze, promtool and a real Prometheus. Every process a test
+// starts is killed by pid in its cleanup.
 package radicd_test
 
 import (
@@ -18,6 +20,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if h := os.Getenv("RADICD_TEST_HELPER"); h != "" {
+		os.Exit(helperMain(h)) // a rank of a location test (location_test.go)
+	}
 	dir, err := os.MkdirTemp("", "radicd-test-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,0 +1,715 @@
+/*
+ * conn.c — the data path of safe sockets.
+ *
+ * Everything a managed read, write or wait needs is here, in C: the byte
+ * counts, the retransmit ring, and hiding a broken socket from poll, select
+ * and epoll. Go is entered only when something changes: a socket fails, the
+ * ring is full, or enough has been delivered that the peer should hear of it.
+ *
+ * While a connection is BROKEN the app's fds still name the old, shut-down
+ * socket. Reads wait (or EAGAIN), writes go to the ring, and waiting calls
+ * see the connection's wake eventfd instead, which becomes readable when the
+ * Go side has swapped a working socket in (or given up).
+ */
+#include "shim.h"
+#include "conn.h"
+#include "_cgo_export.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+struct radic_conn *radic_conns[RADIC_FD_MAX];
+int radic_unready;
+
+static inline int load_state(struct radic_conn *c)
+{
+	return __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
+}
+
+static inline uint64_t load64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+static size_t iov_total(const struct iovec *v, size_t n)
+{
+	size_t t = 0;
+	for (size_t i = 0; i < n; i++)
+		t += v[i].iov_len;
+	return t;
+}
+
+/* Fills out (up to max entries) with the part of v that starts skip bytes in
+ * and is at most len long; returns the entry count. */
+static int iov_slice(const struct iovec *v, size_t n, size_t skip, size_t len, struct iovec *out,
+		     int max)
+{
+	int k = 0;
+	for (size_t i = 0; i < n && len > 0 && k < max; i++) {
+		size_t l = v[i].iov_len;
+		if (skip >= l) {
+			skip -= l;
+			continue;
+		}
+		size_t take = l - skip < len ? l - skip : len;
+		out[k].iov_base = (char *)v[i].iov_base + skip;
+		out[k].iov_len = take;
+		k++;
+		len -= take;
+		skip = 0;
+	}
+	return k;
+}
+
+/* ---- the retransmit ring --------------------------------------------------- */
+
+/* Makes room for need bytes past acked; returns 0 or -1 (ENOMEM). */
+static int ring_reserve(struct radic_conn *c, uint64_t need)
+{
+	if (need <= c->cap)
+		return 0;
+	uint64_t cap = c->cap ? c->cap : RADIC_RING_MIN;
+	while (cap < need)
+		cap <<= 1;
+	unsigned char *r = malloc(cap);
+	if (r == NULL)
+		return -1;
+	/* Copy what may still be needed: [acked, sent) at its new positions. */
+	uint64_t from = load64(&c->acked);
+	for (uint64_t x = from; x < c->sent;) {
+		uint64_t o = x & (c->cap - 1), n = c->cap - o;
+		if (n > c->sent - x)
+			n = c->sent - x;
+		uint64_t p = x & (cap - 1), m = cap - p;
+		if (n > m)
+			n = m;
+		memcpy(r + p, c->ring + o, n);
+		x += n;
+	}
+	free(c->ring);
+	c->ring = r;
+	c->cap = cap;
+	return 0;
+}
+
+/* Copies len bytes of v (skipping skip) into the ring at offset c->sent. */
+static void ring_put(struct radic_conn *c, const struct iovec *v, size_t n, size_t skip,
+		     size_t len)
+{
+	uint64_t at = c->sent;
+	for (size_t i = 0; i < n && len > 0; i++) {
+		size_t l = v[i].iov_len;
+		if (skip >= l) {
+			skip -= l;
+			continue;
+		}
+		const unsigned char *p = (const unsigned char *)v[i].iov_base + skip;
+		size_t take = l - skip < len ? l - skip : len;
+		skip = 0;
+		len -= take;
+		while (take > 0) {
+			uint64_t o = at & (c->cap - 1), room = c->cap - o;
+			size_t k = take < room ? take : (size_t)room;
+			memcpy(c->ring + o, p, k);
+			p += k;
+			at += k;
+			take -= k;
+		}
+	}
+}
+
+/* ---- waiting ------------------------------------------------------------------ */
+
+/* Blocks until the connection leaves BROKEN. The wake fd is drained by Go
+ * before it marks a connection BROKEN and written when it leaves, and no
+ * waiter ever reads it, so no wakeup is lost. */
+static void wait_unbroken(struct radic_conn *c)
+{
+	while (load_state(c) == RADIC_CONN_BROKEN && load64(&c->peer_end) != load64(&c->recvd)) {
+		struct pollfd p = {.fd = c->wake_fd, .events = POLLIN};
+		REAL(poll)(&p, 1, 200); /* the timeout notices a close marker */
+	}
+}
+
+/* Hands a failure to Go, which marks the connection BROKEN (or decides the
+ * EOF was a proper end). Returns 1 when Go says the stream has ended. */
+static int report(struct radic_conn *c, uint32_t gen, int err, int eof, int nonblock)
+{
+	if (!radic_go_allowed())
+		return 0;
+	radic_in_shim = 1;
+	int r = radic_go_broken(c, gen, err, eof, nonblock);
+	radic_in_shim = 0;
+	return r;
+}
+
+static void ask_room(struct radic_conn *c)
+{
+	if (!radic_go_allowed()) {
+		struct pollfd p = {.fd = -1};
+		REAL(poll)(&p, 0, 10);
+		return;
+	}
+	radic_in_shim = 1;
+	radic_go_wait_room(c);
+	radic_in_shim = 0;
+}
+
+/* ---- send ------------------------------------------------------------------- */
+
+#define RADIC_IOV_MAX 64
+
+ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, int flags)
+{
+	size_t total = iov_total(m->msg_iov, m->msg_iovlen), done = 0;
+	int nb = c->nonblock || (flags & MSG_DONTWAIT), err = 0;
+	if (total == 0)
+		return 0;
+	pthread_mutex_lock(&c->wlock);
+	for (;;) {
+		int st = load_state(c);
+		if (st == RADIC_CONN_FAILED || c->wr_shut) {
+			err = c->wr_shut || c->fail_err == 0 ? EPIPE : c->fail_err;
+			break;
+		}
+		uint64_t used = c->sent - load64(&c->acked);
+		if (used >= RADIC_RING_MAX) {
+			if (nb) {
+				err = EAGAIN;
+				break;
+			}
+			pthread_mutex_unlock(&c->wlock);
+			ask_room(c);
+			pthread_mutex_lock(&c->wlock);
+			continue;
+		}
+		size_t want = total - done;
+		if (want > RADIC_RING_MAX - used)
+			want = RADIC_RING_MAX - used;
+		if (ring_reserve(c, used + want) < 0) {
+			err = ENOBUFS;
+			break;
+		}
+		ssize_t r = (ssize_t)want;
+		if (st == RADIC_CONN_UP && c->wire == c->sent) {
+			struct iovec v[RADIC_IOV_MAX];
+			struct msghdr t = *m;
+			t.msg_iov = v;
+			t.msg_iovlen = (size_t)iov_slice(m->msg_iov, m->msg_iovlen, done, want, v,
+							 RADIC_IOV_MAX);
+			uint32_t gen = c->gen;
+			r = REAL(sendmsg)(fd, &t, flags | MSG_NOSIGNAL);
+			if (r < 0) {
+				int e = errno;
+				if (e == EAGAIN || e == EINTR || e == ENOBUFS || e == ENOMEM) {
+					err = e;
+					break;
+				}
+				/* The socket failed: Go marks the connection BROKEN and
+				 * the bytes go to the ring on the next turn. */
+				pthread_mutex_unlock(&c->wlock);
+				report(c, gen, e, 0, nb);
+				pthread_mutex_lock(&c->wlock);
+				continue;
+			}
+			c->wire += (uint64_t)r;
+		}
+		/* Otherwise a resume is pumping the ring: queue behind it. */
+		ring_put(c, m->msg_iov, m->msg_iovlen, done, (size_t)r);
+		c->sent += (uint64_t)r;
+		done += (size_t)r;
+		if (done == total || nb)
+			break;
+	}
+	pthread_mutex_unlock(&c->wlock);
+	if (done > 0)
+		return (ssize_t)done;
+	if (err == EPIPE && !(flags & MSG_NOSIGNAL))
+		raise(SIGPIPE);
+	errno = err;
+	return -1;
+}
+
+/* ---- receive --------------------------------------------------------------- */
+
+ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flags)
+{
+	size_t total = iov_total(m->msg_iov, m->msg_iovlen), done = 0;
+	int nb = c->nonblock || (flags & MSG_DONTWAIT), err = 0;
+	int peek = flags & MSG_PEEK;
+	int waitall = (flags & MSG_WAITALL) && !nb && !peek;
+	int ack = 0;
+	pthread_mutex_lock(&c->rlock);
+	for (;;) {
+		int st = load_state(c);
+		if (st == RADIC_CONN_FAILED) {
+			err = c->fail_err;
+			break;
+		}
+		if (load64(&c->peer_end) == c->recvd)
+			break; /* the peer closed, and everything it sent is read */
+		if (st == RADIC_CONN_BROKEN) {
+			if (nb) {
+				err = EAGAIN;
+				break;
+			}
+			pthread_mutex_unlock(&c->rlock);
+			wait_unbroken(c);
+			pthread_mutex_lock(&c->rlock);
+			continue;
+		}
+		struct iovec v[RADIC_IOV_MAX];
+		struct msghdr t = *m;
+		if (done > 0) {
+			t.msg_iov = v;
+			t.msg_iovlen = (size_t)iov_slice(m->msg_iov, m->msg_iovlen, done,
+							 total - done, v, RADIC_IOV_MAX);
+		}
+		uint32_t gen = c->gen;
+		ssize_t r = REAL(recvmsg)(fd, &t, flags);
+		if (r > 0) {
+			m->msg_flags = t.msg_flags;
+			if (!peek) {
+				__atomic_store_n(&c->recvd, c->recvd + (uint64_t)r, __ATOMIC_RELEASE);
+				if (c->recvd >= c->ack_due) {
+					c->ack_due = c->recvd + RADIC_ACK_EVERY;
+					ack = 1;
+				}
+			}
+			done += (size_t)r;
+			if (!waitall || done == total)
+				break;
+			continue;
+		}
+		if (r == 0 && total > 0) {
+			/* End of stream without the peer's close marker: a failure,
+			 * unless the marker is only late. */
+			pthread_mutex_unlock(&c->rlock);
+			int ended = report(c, gen, 0, 1, nb);
+			pthread_mutex_lock(&c->rlock);
+			if (ended || load64(&c->peer_end) == c->recvd)
+				break;
+			if (nb && load_state(c) == RADIC_CONN_UP) {
+				err = EAGAIN;
+				break;
+			}
+			continue;
+		}
+		if (r == 0)
+			break;
+		int e = errno;
+		if (e == EAGAIN || e == EINTR || e == ENOMEM) {
+			err = e;
+			break;
+		}
+		pthread_mutex_unlock(&c->rlock);
+		report(c, gen, e, 0, nb);
+		pthread_mutex_lock(&c->rlock);
+	}
+	pthread_mutex_unlock(&c->rlock);
+	if (ack && radic_go_allowed()) {
+		radic_in_shim = 1;
+		radic_go_ack_due(c);
+		radic_in_shim = 0;
+	}
+	if (done > 0 || err == 0)
+		return (ssize_t)done;
+	errno = err;
+	return -1;
+}
+
+/* ---- poll and select ------------------------------------------------------- */
+
+#define RADIC_POLL_STACK 256
+
+/*
+ * poll(2) over a set with managed fds of which some are not UP. A BROKEN
+ * connection is replaced by its wake fd (readable once it is resumed, then
+ * the whole set is polled again); a FAILED one reports an error at once.
+ * Called only when radic_unready > 0.
+ */
+int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+	struct pollfd stack[RADIC_POLL_STACK], *p = stack;
+	if (n > RADIC_POLL_STACK && (p = malloc(n * sizeof *p)) == NULL) {
+		errno = ENOMEM;
+		return -1;
+	}
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int r;
+	for (;;) {
+		int failed = 0, swapped = 0;
+		for (nfds_t i = 0; i < n; i++) {
+			p[i] = fds[i];
+			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
+			int st = c ? load_state(c) : RADIC_CONN_UP;
+			if (st == RADIC_CONN_BROKEN) {
+				p[i].fd = c->wake_fd;
+				p[i].events = POLLIN;
+				swapped = 1;
+			} else if (st == RADIC_CONN_FAILED) {
+				p[i].fd = -1;
+				failed++;
+			}
+		}
+		int tmo = failed ? 0 : timeout_ms;
+		sigset_t old;
+		if (mask)
+			pthread_sigmask(SIG_SETMASK, mask, &old);
+		r = REAL(poll)(p, n, tmo);
+		if (mask)
+			pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (r < 0)
+			break;
+		int woke = 0;
+		r = 0;
+		for (nfds_t i = 0; i < n; i++) {
+			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
+			short ev = p[i].revents;
+			if (c && p[i].fd == c->wake_fd && fds[i].fd != c->wake_fd) {
+				woke |= ev != 0;
+				ev = 0;
+			} else if (c && p[i].fd == -1 && fds[i].fd >= 0) {
+				ev = (fds[i].events & (POLLIN | POLLOUT)) | POLLERR | POLLHUP;
+			}
+			fds[i].revents = ev;
+			r += ev != 0;
+		}
+		if (r > 0 || !woke || !swapped)
+			break;
+		/* A broken connection came back: poll again for what is left. */
+		if (timeout_ms >= 0) {
+			struct timespec t1;
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			long el = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+			if (el >= timeout_ms)
+				break;
+			timeout_ms -= (int)el;
+			t0 = t1;
+		}
+	}
+	if (p != stack)
+		free(p);
+	return r;
+}
+
+/* ---- epoll ------------------------------------------------------------------ */
+
+/*
+ * The app's epoll registrations of a managed fd are remembered, so that the
+ * Go side can move them: onto the wake fd while the connection is BROKEN (a
+ * shut-down socket would report ready forever), and onto the new socket
+ * after a swap (epoll forgets a file replaced under an fd number).
+ */
+int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct epoll_event *ev)
+{
+	pthread_mutex_lock(&c->eplock);
+	int target = load_state(c) == RADIC_CONN_BROKEN ? c->wake_fd : fd;
+	struct epoll_event e;
+	if (ev)
+		e = *ev;
+	int r = REAL(epoll_ctl)(epfd, op, target, ev ? &e : NULL);
+	if (r == 0) {
+		int i;
+		for (i = 0; i < c->nep && c->ep[i].epfd != epfd; i++)
+			;
+		if (op == EPOLL_CTL_DEL) {
+			if (i < c->nep)
+				c->ep[i] = c->ep[--c->nep];
+		} else if (i < c->nep) {
+			c->ep[i].ev = *ev;
+		} else if (c->nep < RADIC_EP_MAX) {
+			c->ep[c->nep].epfd = epfd;
+			c->ep[c->nep].ev = *ev;
+			c->nep++;
+		} else {
+			radic_logf("fd %d is in more than %d epoll sets; set %d will not follow a reconnection",
+				   fd, RADIC_EP_MAX, epfd);
+		}
+	}
+	pthread_mutex_unlock(&c->eplock);
+	return r;
+}
+
+/* Moves every registration from one file to another (both may be sockets
+ * or the wake fd). */
+static void ep_move(struct radic_conn *c, int from, int to)
+{
+	for (int i = 0; i < c->nep; i++) {
+		struct epoll_event e = c->ep[i].ev;
+		if (from >= 0)
+			REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_DEL, from, NULL);
+		if (REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_ADD, to, &e) < 0 && errno != EEXIST)
+			radic_logf("cannot re-register fd %d in epoll set %d: %s", to, c->ep[i].epfd,
+				   strerror(errno));
+	}
+}
+
+/* ---- small things ----------------------------------------------------------- */
+
+void radic_conn_fcntl_flags(struct radic_conn *c, int flags)
+{
+	__atomic_store_n(&c->nonblock, (flags & O_NONBLOCK) != 0, __ATOMIC_RELAXED);
+}
+
+/* getsockname/getpeername: the logical address, whatever socket is under. */
+int radic_conn_name(struct radic_conn *c, int peer, struct sockaddr *addr, socklen_t *len)
+{
+	const struct sockaddr_in *a = peer ? &c->paddr : &c->laddr;
+	if (a->sin_family != AF_INET)
+		return -1; /* not known: ask the kernel */
+	if (addr == NULL || len == NULL) {
+		errno = EFAULT;
+		return -2;
+	}
+	socklen_t n = *len < sizeof *a ? *len : sizeof *a;
+	memcpy(addr, a, n);
+	*len = sizeof *a;
+	return 0;
+}
+
+/* ---- the Go side's handles ------------------------------------------------- */
+
+struct radic_conn *radic_conn_new(int fd, uint64_t id, int nonblock)
+{
+	struct radic_conn *c = calloc(1, sizeof *c);
+	if (c == NULL)
+		return NULL;
+	c->wake_fd = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->wake_fd < 0) {
+		free(c);
+		return NULL;
+	}
+	pthread_mutex_init(&c->wlock, NULL);
+	pthread_mutex_init(&c->rlock, NULL);
+	pthread_mutex_init(&c->eplock, NULL);
+	c->id = id;
+	c->nonblock = nonblock;
+	c->ack_due = RADIC_ACK_EVERY;
+	c->peer_end = UINT64_MAX;
+	radic_conn_attach(c, fd);
+	return c;
+}
+
+/* fd (the app's, or a dup of it) now names c. */
+void radic_conn_attach(struct radic_conn *c, int fd)
+{
+	if ((unsigned)fd >= RADIC_FD_MAX)
+		return;
+	__atomic_store_n(&radic_conns[fd], c, __ATOMIC_RELEASE);
+	radic_fd_set(fd, RADIC_FD_MANAGED);
+}
+
+void radic_conn_detach(int fd)
+{
+	if ((unsigned)fd < RADIC_FD_MAX)
+		__atomic_store_n(&radic_conns[fd], NULL, __ATOMIC_RELEASE);
+}
+
+void radic_conn_free(struct radic_conn *c)
+{
+	if (load_state(c) != RADIC_CONN_UP)
+		__atomic_sub_fetch(&radic_unready, 1, __ATOMIC_RELAXED);
+	syscall(SYS_close, c->wake_fd);
+	free(c->ring);
+	free(c);
+}
+
+static void set_state(struct radic_conn *c, int from, int to)
+{
+	if (from == RADIC_CONN_UP && to != RADIC_CONN_UP)
+		__atomic_add_fetch(&radic_unready, 1, __ATOMIC_RELAXED);
+	if (from != RADIC_CONN_UP && to == RADIC_CONN_UP)
+		__atomic_sub_fetch(&radic_unready, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->state, to, __ATOMIC_RELEASE);
+}
+
+/*
+ * Marks the connection BROKEN if it is still on socket gen, and kicks every
+ * thread out of the kernel on that socket (fd names it). Returns 1 if this
+ * call broke it. Go holds its own lock around state changes.
+ */
+int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd)
+{
+	if (c->gen != gen || load_state(c) != RADIC_CONN_UP)
+		return 0;
+	uint64_t v;
+	while (REAL(read)(c->wake_fd, &v, sizeof v) > 0)
+		;
+	pthread_mutex_lock(&c->eplock);
+	set_state(c, RADIC_CONN_UP, RADIC_CONN_BROKEN);
+	ep_move(c, fd, c->wake_fd);
+	pthread_mutex_unlock(&c->eplock);
+	REAL(shutdown)(fd, SHUT_RDWR);
+	return 1;
+}
+
+/* After it returns, no thread is inside a read or write of the connection
+ * that started before the barrier: recvd is final while BROKEN. */
+void radic_conn_barrier(struct radic_conn *c)
+{
+	pthread_mutex_lock(&c->rlock);
+	pthread_mutex_unlock(&c->rlock);
+	pthread_mutex_lock(&c->wlock);
+	pthread_mutex_unlock(&c->wlock);
+}
+
+/*
+ * Puts sock under every fd of the connection, restores the app's flags and
+ * epoll registrations, and resumes sending at resume_at (the peer's
+ * delivered offset). sock is left open (the caller closes it). Returns 0,
+ * or -1 with errno.
+ */
+int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at)
+{
+	pthread_mutex_lock(&c->wlock);
+	pthread_mutex_lock(&c->rlock);
+	pthread_mutex_lock(&c->eplock);
+	int r = 0;
+	for (int i = 0; i < nfds && r == 0; i++) {
+		int cloexec = REAL(fcntl)(fds[i], F_GETFD) & FD_CLOEXEC;
+		if (REAL(dup3)(sock, fds[i], cloexec ? O_CLOEXEC : 0) < 0)
+			r = -1;
+	}
+	if (r == 0) {
+		int fl = REAL(fcntl)(sock, F_GETFL);
+		fl = c->nonblock ? fl | O_NONBLOCK : fl & ~O_NONBLOCK;
+		REAL(fcntl)(sock, F_SETFL, fl);
+		if (nfds > 0)
+			ep_move(c, c->wake_fd, fds[0]);
+		if (resume_at > c->sent)
+			resume_at = c->sent;
+		if (resume_at > load64(&c->acked))
+			__atomic_store_n(&c->acked, resume_at, __ATOMIC_RELEASE);
+		c->wire = resume_at;
+		c->gen++;
+		set_state(c, load_state(c), RADIC_CONN_UP);
+		uint64_t one = 1;
+		(void)!REAL(write)(c->wake_fd, &one, sizeof one);
+	}
+	int e = errno;
+	pthread_mutex_unlock(&c->eplock);
+	pthread_mutex_unlock(&c->rlock);
+	pthread_mutex_unlock(&c->wlock);
+	errno = e;
+	return r;
+}
+
+/*
+ * Sends [wire, sent) of the ring on fd (the current socket), without
+ * blocking the app for long: the lock is held for one non-blocking write at
+ * a time. Returns 0 when all is sent, -1 with errno on a socket error, 1 if
+ * it timed out or the connection is not UP.
+ */
+int radic_conn_pump(struct radic_conn *c, int fd, int timeout_ms)
+{
+	for (;;) {
+		pthread_mutex_lock(&c->wlock);
+		if (load_state(c) != RADIC_CONN_UP) {
+			pthread_mutex_unlock(&c->wlock);
+			return 1;
+		}
+		if (c->wire == c->sent) {
+			pthread_mutex_unlock(&c->wlock);
+			return 0;
+		}
+		uint64_t o = c->wire & (c->cap - 1), n = c->cap - o;
+		if (n > c->sent - c->wire)
+			n = c->sent - c->wire;
+		ssize_t r = REAL(send)(fd, c->ring + o, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		int e = errno;
+		if (r > 0)
+			c->wire += (uint64_t)r;
+		pthread_mutex_unlock(&c->wlock);
+		if (r < 0 && e != EAGAIN && e != EINTR) {
+			errno = e;
+			return -1;
+		}
+		if (r < 0 && e == EAGAIN) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+			if (REAL(poll)(&p, 1, timeout_ms) == 0)
+				return 1;
+		}
+	}
+}
+
+/* Gives up: every call on the connection gets err from now on (0: EOF). */
+void radic_conn_fail(struct radic_conn *c, int err, int fd)
+{
+	pthread_mutex_lock(&c->eplock);
+	c->fail_err = err;
+	int st = load_state(c);
+	if (st == RADIC_CONN_UP)
+		ep_move(c, fd, c->wake_fd); /* the socket may be silent: the wake fd is not */
+	set_state(c, st, RADIC_CONN_FAILED);
+	uint64_t one = 1;
+	(void)!REAL(write)(c->wake_fd, &one, sizeof one);
+	pthread_mutex_unlock(&c->eplock);
+}
+
+/* The peer will read no more (it closed): everything counts as delivered. */
+void radic_conn_ack_all(struct radic_conn *c)
+{
+	pthread_mutex_lock(&c->wlock);
+	__atomic_store_n(&c->acked, c->sent, __ATOMIC_RELEASE);
+	if (c->wire < c->sent)
+		c->wire = c->sent;
+	pthread_mutex_unlock(&c->wlock);
+}
+
+void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v)
+{
+	__atomic_store_n(&c->peer_end, v, __ATOMIC_RELEASE);
+}
+
+void radic_conn_set_acked(struct radic_conn *c, uint64_t v)
+{
+	uint64_t cur = load64(&c->acked);
+	while (v > cur && !__atomic_compare_exchange_n(&c->acked, &cur, v, 0, __ATOMIC_RELEASE,
+						       __ATOMIC_ACQUIRE))
+		;
+}
+
+uint64_t radic_conn_recvd(struct radic_conn *c) { return load64(&c->recvd); }
+
+uint64_t radic_conn_sent(struct radic_conn *c)
+{
+	pthread_mutex_lock(&c->wlock);
+	uint64_t s = c->sent;
+	pthread_mutex_unlock(&c->wlock);
+	return s;
+}
+
+void radic_conn_wake(struct radic_conn *c)
+{
+	uint64_t one = 1;
+	(void)!REAL(write)(c->wake_fd, &one, sizeof one);
+}
+
+uint64_t radic_conn_acked(struct radic_conn *c) { return load64(&c->acked); }
+
+int radic_conn_state(struct radic_conn *c) { return load_state(c); }
+
+/* The app shut its sending side: no more writes; returns the final offset. */
+uint64_t radic_conn_shut_wr(struct radic_conn *c)
+{
+	pthread_mutex_lock(&c->wlock);
+	c->wr_shut = 1;
+	uint64_t s = c->sent;
+	pthread_mutex_unlock(&c->wlock);
+	return s;
+}
+
+/* Addresses in network byte order, ports in host order. */
+void radic_conn_set_names(struct radic_conn *c, uint32_t lip, uint16_t lport, uint32_t pip,
+			  uint16_t pport)
+{
+	c->laddr = (struct sockaddr_in){
+		.sin_family = AF_INET, .sin_port = htons(lport), .sin_addr = {lip}};
+	c->paddr = (struct sockaddr_in){
+		.sin_family = AF_INET, .sin_port = htons(pport), .sin_addr = {pip}};
+}

@@ -1,0 +1,115 @@
+/*
+ * conn.h — a safe socket's state and its data path.
+ *
+ * One struct radic_conn per managed (logical) connection, in the process's
+ * own memory, so that a checkpoint of the process carries it whole. The app's
+ * fd numbers stay the same for the connection's life; underneath, the TCP
+ * socket they refer to is replaced after a failure (dup2 by the Go side).
+ *
+ * Byte accounting, per direction, in absolute 64-bit offsets:
+ *
+ *	send:    acked <= wire <= sent
+ *	         [acked, sent) is in the retransmit ring; [wire, sent) has not
+ *	         been handed to the current socket yet (a resume is pumping it)
+ *	receive: recvd = bytes delivered to the app
+ *
+ * Locks: wlock covers the send side, rlock the receive side, eplock the
+ * epoll registrations. acked, recvd, state and peer_end are also read (and
+ * acked, state, peer_end written) by the Go side with atomics.
+ */
+#ifndef RADIC_CONN_H
+#define RADIC_CONN_H
+
+#include <pthread.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+enum radic_conn_state {
+	RADIC_CONN_UP = 0,     /* the socket works: data flows directly */
+	RADIC_CONN_BROKEN = 1, /* failed, resuming: reads wait, writes are kept */
+	RADIC_CONN_FAILED = 2  /* given up: calls get fail_err */
+};
+
+/* The retransmit ring grows from RADIC_RING_MIN to RADIC_RING_MAX bytes; the
+ * receiver acknowledges every RADIC_ACK_EVERY delivered bytes, so a writer
+ * blocks on the ring only when far more is in flight than the kernel's own
+ * buffers hold. */
+#define RADIC_RING_MIN (64u << 10)
+#define RADIC_RING_MAX (16u << 20)
+#define RADIC_ACK_EVERY (1u << 20)
+#define RADIC_EP_MAX 8
+
+struct radic_epreg {
+	int epfd;
+	struct epoll_event ev; /* what the app registered */
+};
+
+struct radic_conn {
+	pthread_mutex_t wlock, rlock, eplock;
+	int state;    /* enum radic_conn_state, atomic */
+	int fail_err; /* errno the app gets once FAILED (0: end of stream) */
+	int wake_fd;  /* eventfd: readable except while BROKEN */
+	int nonblock; /* the app's O_NONBLOCK */
+	int wr_shut;  /* the app shut its sending side */
+	uint32_t gen; /* which socket: bumped at every swap */
+	uint64_t id;  /* the logical connection id */
+
+	unsigned char *ring;
+	uint64_t cap; /* ring size, a power of two; 0 before the first write */
+	uint64_t sent, wire;
+	uint64_t acked; /* atomic */
+
+	uint64_t recvd;    /* atomic */
+	uint64_t ack_due;  /* ask Go to acknowledge once recvd passes this */
+	uint64_t peer_end; /* atomic: the peer's close marker, or UINT64_MAX */
+
+	struct sockaddr_in laddr, paddr; /* the logical addresses the app sees */
+	int nep;
+	struct radic_epreg ep[RADIC_EP_MAX];
+};
+
+extern struct radic_conn *radic_conns[];
+extern int radic_unready; /* conns not UP: waiting calls must look closer */
+
+static inline struct radic_conn *radic_conn_of(int fd)
+{
+	return (unsigned)fd < (1u << 16) ? __atomic_load_n(&radic_conns[fd], __ATOMIC_ACQUIRE)
+					 : NULL;
+}
+
+/* The data path (conn.c). */
+ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, int flags);
+ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flags);
+int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask);
+int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct epoll_event *ev);
+void radic_conn_fcntl_flags(struct radic_conn *c, int flags);
+int radic_conn_name(struct radic_conn *c, int peer, struct sockaddr *addr, socklen_t *len);
+
+/* For the Go side. */
+struct radic_conn *radic_conn_new(int fd, uint64_t id, int nonblock);
+void radic_conn_attach(struct radic_conn *c, int fd);
+void radic_conn_detach(int fd);
+void radic_conn_free(struct radic_conn *c);
+int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd);
+void radic_conn_barrier(struct radic_conn *c);
+int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at);
+int radic_conn_pump(struct radic_conn *c, int fd, int timeout_ms);
+void radic_conn_fail(struct radic_conn *c, int err, int fd);
+void radic_conn_ack_all(struct radic_conn *c);
+void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v);
+void radic_conn_set_acked(struct radic_conn *c, uint64_t v);
+uint64_t radic_conn_recvd(struct radic_conn *c);
+uint64_t radic_conn_sent(struct radic_conn *c);
+void radic_conn_wake(struct radic_conn *c);
+uint64_t radic_conn_acked(struct radic_conn *c);
+int radic_conn_state(struct radic_conn *c);
+uint64_t radic_conn_shut_wr(struct radic_conn *c);
+void radic_conn_set_names(struct radic_conn *c, uint32_t lip, uint16_t lport, uint32_t pip,
+			  uint16_t pport);
+
+/* Go's side of the data path is exported from Go (see safe.go):
+ * radic_go_broken, radic_go_wait_room, radic_go_ack_due. */
+
+#endif

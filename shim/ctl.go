@@ -1,0 +1,666 @@
+package main
+
+/*
+#include "shim.h"
+#include "conn.h"
+#include "sockio.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// The control channel: one TCP connection per logical connection, beside
+// the data stream (the thesis's "socket de control"), opened by the
+// initiator to the acceptor process's control listener. The same listener
+// takes resume connections, which become the new data stream.
+//
+// Every frame is 32 bytes: type, 3 bytes zero, attempt (u32), connection
+// id, v1, v2 (u64, big endian).
+const (
+	fOpen    = 1 // a control channel for id (attempt: which resume)
+	fAck     = 2 // v1: bytes I delivered (MaxUint64: I read no more), v2: my close marker
+	fResume  = 3 // a new data stream for id; v1: my delivered offset, v2: my close marker
+	fResumed = 4 // the acceptor's answer to fResume, same fields
+	fGo      = 5 // the initiator commits: both sides swap the new stream in
+	fRefuse  = 6 // the acceptor does not know the connection (any more)
+)
+
+const frameLen = 32
+
+type frame struct {
+	typ     byte
+	attempt uint32
+	id      uint64
+	v1, v2  uint64
+}
+
+func (f frame) bytes() []byte {
+	b := make([]byte, frameLen)
+	b[0] = f.typ
+	binary.BigEndian.PutUint32(b[4:], f.attempt)
+	binary.BigEndian.PutUint64(b[8:], f.id)
+	binary.BigEndian.PutUint64(b[16:], f.v1)
+	binary.BigEndian.PutUint64(b[24:], f.v2)
+	return b
+}
+
+func parseFrame(b []byte) (frame, error) {
+	if len(b) != frameLen || b[1] != 0 || b[2] != 0 || b[3] != 0 || b[0] < fOpen || b[0] > fRefuse {
+		return frame{}, fmt.Errorf("malformed control frame % x", b)
+	}
+	return frame{typ: b[0], attempt: binary.BigEndian.Uint32(b[4:]), id: binary.BigEndian.Uint64(b[8:]),
+		v1: binary.BigEndian.Uint64(b[16:]), v2: binary.BigEndian.Uint64(b[24:])}, nil
+}
+
+// Frames on raw fds (resume streams, which the app will own).
+func writeFrameFd(fd int, f frame) error {
+	b := f.bytes()
+	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&b[0]), frameLen, C.int(handshakeWait.Milliseconds())); e < 0 {
+		return syscall.Errno(-e)
+	}
+	return nil
+}
+
+func readFrameFd(fd int) (frame, error) {
+	b := make([]byte, frameLen)
+	if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&b[0]), frameLen, C.int(handshakeWait.Milliseconds())); e < 0 {
+		return frame{}, syscall.Errno(-e)
+	}
+	return parseFrame(b)
+}
+
+func readFrame(nc net.Conn, timeout time.Duration) (frame, error) {
+	b := make([]byte, frameLen)
+	nc.SetReadDeadline(time.Now().Add(timeout))
+	if _, err := io.ReadFull(nc, b); err != nil {
+		return frame{}, err
+	}
+	return parseFrame(b)
+}
+
+func writeFrame(nc net.Conn, f frame) error {
+	nc.SetWriteDeadline(time.Now().Add(handshakeWait))
+	_, err := nc.Write(f.bytes())
+	return err
+}
+
+func newRequest(method, url, body string) (*http.Request, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err == nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, err
+}
+
+// ---- the control listener ---------------------------------------------------
+
+func (s *safeSockets) serveCtl() {
+	for {
+		nc, err := s.ctlLn.Accept()
+		if err != nil {
+			logf("control listener: %v", err)
+			return
+		}
+		go s.ctlConn(nc)
+	}
+}
+
+func (s *safeSockets) ctlConn(nc net.Conn) {
+	f, err := readFrame(nc, handshakeWait)
+	if err != nil {
+		debugf("control listener: %s: %v", nc.RemoteAddr(), err)
+		nc.Close()
+		return
+	}
+	s.mu.Lock()
+	c := s.byID[f.id]
+	if c == nil && f.typ == fOpen {
+		// The app has not accepted the data stream yet.
+		if old := s.pendingCtl[f.id]; old != nil {
+			old.Close()
+		}
+		s.pendingCtl[f.id] = nc
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	switch {
+	case c == nil:
+		writeFrame(nc, frame{typ: fRefuse, id: f.id})
+		nc.Close()
+	case f.typ == fOpen:
+		c.attachCtl(nc, f.attempt)
+	case f.typ == fResume:
+		c.acceptResume(nc, f)
+	default:
+		nc.Close()
+	}
+}
+
+// ---- a connection -------------------------------------------------------------
+
+type sockopt struct {
+	level, name int
+	val         []byte
+}
+
+// conn is the Go side of one safe socket.
+type conn struct {
+	s         *safeSockets
+	c         *C.struct_radic_conn
+	id        uint64
+	initiator bool
+	laddr     netip.AddrPort // what the app sees as its address
+	paddr     netip.AddrPort // and as its peer's (logical)
+	kick      chan struct{}  // acknowledge now
+	room      chan struct{}  // an acknowledgement came: the ring has room
+
+	eofPending atomic.Bool
+	resumeMu   sync.Mutex // one resume at a time
+
+	mu          sync.Mutex
+	fds         []int          // the fds naming the socket (the app's, or our lingering dup)
+	gen         uint32         // which socket (mirrors C's)
+	ctl         net.Conn       // the current control channel
+	ctlAddr     netip.AddrPort // where the peer process's control listener was last seen
+	attempt     uint32         // the last resume attempt (initiator) or accepted (acceptor)
+	brokenAt    time.Time
+	breaks      int
+	why         string
+	err         int
+	failed      bool
+	closed      bool // the app closed its last fd
+	end         uint64
+	opts        []sockopt
+	lingerStart sync.Once
+}
+
+func (c *conn) String() string {
+	return fmt.Sprintf("%d:%d (%s -> %s)", c.id>>32, uint32(c.id), c.laddr, c.paddr)
+}
+
+func (c *conn) poke() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *conn) fd0() int {
+	if len(c.fds) == 0 {
+		return -1
+	}
+	return c.fds[0]
+}
+
+// recordOpt keeps the socket options the app sets, for the sockets that
+// replace this one.
+func (c *conn) recordOpt(level, name int, val unsafe.Pointer, n int) {
+	if val == nil || n <= 0 || n > 64 {
+		return
+	}
+	b := C.GoBytes(val, C.int(n))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.opts {
+		if c.opts[i].level == level && c.opts[i].name == name {
+			c.opts[i].val = b
+			return
+		}
+	}
+	c.opts = append(c.opts, sockopt{level, name, b})
+}
+
+// ---- the control channel ---------------------------------------------------
+
+// openCtl dials the peer's control listener (initiator).
+func (c *conn) openCtl(attempt uint32) {
+	c.mu.Lock()
+	addr := c.ctlAddr
+	c.mu.Unlock()
+	nc, err := net.DialTimeout("tcp4", addr.String(), time.Second)
+	if err == nil {
+		if err = writeFrame(nc, frame{typ: fOpen, attempt: attempt, id: c.id}); err != nil {
+			nc.Close()
+		}
+	}
+	if err != nil {
+		debugf("connection %s: control channel to %s: %v", c, addr, err)
+		// Without one, nothing acknowledges: a break and resume sorts it out.
+		c.mu.Lock()
+		gen := c.gen
+		c.mu.Unlock()
+		time.Sleep(deadAfter)
+		c.breakOn(gen, int(syscall.ETIMEDOUT), "no control channel: "+err.Error())
+		return
+	}
+	c.attachCtl(nc, attempt)
+}
+
+// attachCtl makes nc the connection's control channel and serves it.
+func (c *conn) attachCtl(nc net.Conn, attempt uint32) {
+	c.mu.Lock()
+	if c.failed || attempt < c.attempt {
+		c.mu.Unlock()
+		nc.Close()
+		return
+	}
+	if c.ctl != nil {
+		c.ctl.Close()
+	}
+	c.ctl = nc
+	gen := c.gen
+	c.mu.Unlock()
+	go c.sendAcks(nc)
+	go c.readCtl(nc, gen)
+}
+
+func (c *conn) ackFrame() frame {
+	c.mu.Lock()
+	closed, end := c.closed, c.end
+	c.mu.Unlock()
+	v1 := uint64(C.radic_conn_recvd(c.c))
+	if closed {
+		v1 = math.MaxUint64
+	}
+	return frame{typ: fAck, id: c.id, v1: v1, v2: end}
+}
+
+// sendAcks sends the delivered offset every heartbeat, and at once when
+// the data path asks: it is the acknowledgement and the liveness signal.
+func (c *conn) sendAcks(nc net.Conn) {
+	t := time.NewTicker(heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-c.kick:
+		}
+		if writeFrame(nc, c.ackFrame()) != nil {
+			return
+		}
+	}
+}
+
+func (c *conn) readCtl(nc net.Conn, gen uint32) {
+	for {
+		f, err := readFrame(nc, deadAfter)
+		if err != nil {
+			c.mu.Lock()
+			current := c.ctl == nc
+			peerDone := c.closed
+			c.mu.Unlock()
+			if !current {
+				return
+			}
+			if peerDone || c.peerFinished() {
+				c.finishQuietly()
+				return
+			}
+			why := "the control channel went silent for " + deadAfter.String()
+			e := int(syscall.ETIMEDOUT)
+			if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+				why, e = "the control channel failed: "+err.Error(), int(syscall.ECONNRESET)
+			}
+			c.breakOn(gen, e, why)
+			return
+		}
+		if f.typ != fAck {
+			continue
+		}
+		if f.v1 == math.MaxUint64 {
+			C.radic_conn_ack_all(c.c)
+		} else {
+			C.radic_conn_set_acked(c.c, C.uint64_t(f.v1))
+		}
+		if f.v2 != math.MaxUint64 {
+			C.radic_conn_set_peer_end(c.c, C.uint64_t(f.v2))
+		}
+		select {
+		case c.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// peerFinished: the peer has closed and we have read everything it sent,
+// and it acknowledged everything we sent: its control channel going away
+// is the end, not a failure.
+func (c *conn) peerFinished() bool {
+	end := uint64(c.c.peer_end)
+	return end != math.MaxUint64 && uint64(C.radic_conn_recvd(c.c)) == end &&
+		uint64(C.radic_conn_acked(c.c)) == uint64(C.radic_conn_sent(c.c))
+}
+
+// finishQuietly: the peer is gone after a clean close; later writes get EPIPE.
+func (c *conn) finishQuietly() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.failed {
+		c.failed = true
+		C.radic_conn_fail(c.c, C.int(syscall.EPIPE), C.int(c.fd0()))
+	}
+}
+
+// awaitMarker waits a little for the close marker after an end of stream.
+func (c *conn) awaitMarker() bool {
+	deadline := time.Now().Add(markerWait)
+	for time.Now().Before(deadline) {
+		if uint64(c.c.peer_end) == uint64(C.radic_conn_recvd(c.c)) {
+			return true
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return false
+}
+
+// ---- failure and resumption -------------------------------------------------
+
+// breakOn marks the connection broken if it still runs on socket gen.
+func (c *conn) breakOn(gen uint32, e int, why string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed || gen != c.gen || len(c.fds) == 0 {
+		return
+	}
+	if C.radic_conn_break(c.c, C.uint32_t(gen), C.int(c.fd0())) == 0 {
+		return
+	}
+	c.brokenAt, c.why, c.err = time.Now(), why, e
+	c.breaks++
+	if c.ctl != nil {
+		c.ctl.Close()
+		c.ctl = nil
+	}
+	logf("connection %s broken: %s; %s", c, why, map[bool]string{true: "reconnecting", false: "waiting for the peer to reconnect"}[c.initiator])
+	if c.initiator {
+		go c.reconnect(gen)
+	}
+	go c.watchdog(c.breaks)
+}
+
+// watchdog gives up on a break that lasts past the deadline.
+func (c *conn) watchdog(breaks int) {
+	time.Sleep(c.s.deadline)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed || c.breaks != breaks || C.radic_conn_state(c.c) != C.RADIC_CONN_BROKEN {
+		return
+	}
+	c.failLocked(c.err, fmt.Sprintf("not resumed within %v of a break (%s)", c.s.deadline, c.why))
+}
+
+func (c *conn) failLocked(e int, why string) {
+	c.failed = true
+	C.radic_conn_fail(c.c, C.int(e), C.int(c.fd0()))
+	if c.ctl != nil {
+		c.ctl.Close()
+		c.ctl = nil
+	}
+	logf("connection %s failed: %s; the application now gets %s", c, why, errnoName(e))
+}
+
+// reconnect is the initiator's side of a resume: dial the peer process's
+// control listener wherever radicd says it is now, agree on offsets, swap
+// the new stream in and resend what the peer has not delivered.
+func (c *conn) reconnect(gen uint32) {
+	C.radic_conn_barrier(c.c)
+	backoff := backoffFirst
+	for {
+		c.mu.Lock()
+		if c.failed || c.gen != gen {
+			c.mu.Unlock()
+			return
+		}
+		c.attempt++
+		attempt, ctl := c.attempt, c.ctlAddr
+		c.mu.Unlock()
+		// The peer process is where its node is now (the app may have
+		// closed its listener long ago: only the node table matters).
+		if a, ok := c.s.loc.current(c.paddr.Addr(), 100*time.Millisecond); ok && a != ctl.Addr() {
+			ctl = netip.AddrPortFrom(a, ctl.Port())
+			c.mu.Lock()
+			c.ctlAddr = ctl
+			c.mu.Unlock()
+			debugf("connection %s: the peer's node is now at %s", c, a)
+		}
+		if c.tryResume(gen, attempt, ctl) {
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, backoffMax)
+	}
+}
+
+func (c *conn) tryResume(gen, attempt uint32, ctl netip.AddrPort) bool {
+	fd := int(C.radic_sock_dial(ip4(ctl.Addr()), C.uint16_t(ctl.Port()), C.int(dialTimeout.Milliseconds())))
+	if fd < 0 {
+		debugf("connection %s: resume %d: dial %s: %v", c, attempt, ctl, syscall.Errno(-fd))
+		return false
+	}
+	defer C.radic_sock_close(C.int(fd))
+	c.mu.Lock()
+	end := c.end
+	c.mu.Unlock()
+	recvd := uint64(C.radic_conn_recvd(c.c))
+	if err := writeFrameFd(fd, frame{typ: fResume, attempt: attempt, id: c.id, v1: recvd, v2: end}); err != nil {
+		return false
+	}
+	f, err := readFrameFd(fd)
+	if err != nil {
+		debugf("connection %s: resume %d: %v", c, attempt, err)
+		return false
+	}
+	if f.typ == fRefuse {
+		c.mu.Lock()
+		if !c.failed {
+			c.failLocked(int(syscall.ECONNRESET), "the peer process no longer knows the connection")
+		}
+		c.mu.Unlock()
+		return true
+	}
+	if f.typ != fResumed || writeFrameFd(fd, frame{typ: fGo, attempt: attempt, id: c.id}) != nil {
+		return false
+	}
+	c.commit(fd, gen, f.v1, f.v2)
+	go c.openCtl(attempt)
+	return true
+}
+
+// acceptResume is the acceptor's side: the initiator came back on nc.
+func (c *conn) acceptResume(nc net.Conn, f frame) {
+	c.resumeMu.Lock()
+	defer c.resumeMu.Unlock()
+	defer nc.Close()
+	c.mu.Lock()
+	stale := f.attempt <= c.attempt || c.failed
+	gen := c.gen
+	c.mu.Unlock()
+	if stale {
+		return
+	}
+	c.breakOn(gen, int(syscall.ECONNRESET), "the peer is reconnecting")
+	C.radic_conn_barrier(c.c)
+	c.mu.Lock()
+	gen, end := c.gen, c.end
+	c.mu.Unlock()
+	recvd := uint64(C.radic_conn_recvd(c.c))
+	if writeFrame(nc, frame{typ: fResumed, attempt: f.attempt, id: c.id, v1: recvd, v2: end}) != nil {
+		return
+	}
+	if g, err := readFrame(nc, handshakeWait); err != nil || g.typ != fGo {
+		return
+	}
+	raw, err := nc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return
+	}
+	fd := -1
+	raw.Control(func(s uintptr) { fd = int(C.radic_sock_dup(C.int(s))) })
+	if fd < 0 {
+		return
+	}
+	c.mu.Lock()
+	c.attempt = f.attempt
+	c.ctlAddr = netip.AddrPortFrom(nc.RemoteAddr().(*net.TCPAddr).AddrPort().Addr(), c.ctlAddr.Port())
+	c.mu.Unlock()
+	c.commit(fd, gen, f.v1, f.v2)
+	C.radic_sock_close(C.int(fd))
+}
+
+// commit swaps the resumed stream in under the app's fds and resends from
+// the peer's delivered offset.
+func (c *conn) commit(fd int, gen uint32, peerRecvd, peerEnd uint64) {
+	c.mu.Lock()
+	if c.failed || c.gen != gen {
+		c.mu.Unlock()
+		return
+	}
+	for _, o := range c.opts {
+		C.radic_sock_setopt(C.int(fd), C.int(o.level), C.int(o.name), unsafe.Pointer(&o.val[0]), C.socklen_t(len(o.val)))
+	}
+	sent := uint64(C.radic_conn_sent(c.c))
+	at := peerRecvd
+	if c.s.noRetx {
+		at = sent // the broken build of the test: what was in flight is lost
+	}
+	fds := make([]C.int, len(c.fds))
+	for i, f := range c.fds {
+		fds[i] = C.int(f)
+	}
+	if len(fds) == 0 || C.radic_conn_swap(c.c, C.int(fd), &fds[0], C.int(len(fds)), C.uint64_t(at)) < 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.gen++
+	if peerEnd != math.MaxUint64 {
+		C.radic_conn_set_peer_end(c.c, C.uint64_t(peerEnd))
+	}
+	newGen, target := c.gen, c.fd0()
+	logf("connection %s resumed after %v: resending %d bytes from offset %d",
+		c, time.Since(c.brokenAt).Round(time.Millisecond), sent-min(at, sent), at)
+	c.mu.Unlock()
+	go c.pump(newGen, target)
+}
+
+// pump sends the ring's backlog on the new socket.
+func (c *conn) pump(gen uint32, fd int) {
+	for {
+		switch r := C.radic_conn_pump(c.c, C.int(fd), 1000); {
+		case r == 0:
+			return
+		case r < 0:
+			c.breakOn(gen, int(syscall.ECONNRESET), "resending failed")
+			return
+		default:
+			c.mu.Lock()
+			moved := c.gen != gen || c.failed
+			c.mu.Unlock()
+			if moved || C.radic_conn_state(c.c) != C.RADIC_CONN_UP {
+				return
+			}
+		}
+	}
+}
+
+// ---- closing ---------------------------------------------------------------------
+
+// shutdown(SHUT_WR) becomes the close marker; the real shutdown follows
+// once the peer has every byte.
+func (c *conn) shutdown(how int, call *C.struct_radic_call) C.int {
+	if how == syscall.SHUT_RD {
+		return C.RADIC_PASS
+	}
+	end := uint64(C.radic_conn_shut_wr(c.c))
+	c.mu.Lock()
+	c.end = end
+	c.mu.Unlock()
+	c.poke()
+	go func() {
+		if c.waitAcked(end) {
+			c.mu.Lock()
+			if fd := c.fd0(); fd >= 0 {
+				C.radic_sock_shutdown(C.int(fd), C.int(how))
+			}
+			c.mu.Unlock()
+		}
+	}()
+	call.ret = 0
+	return C.RADIC_DONE
+}
+
+// waitAcked waits until the peer has delivered up to end, the connection
+// failed, or the deadline passed.
+func (c *conn) waitAcked(end uint64) bool {
+	deadline := time.Now().Add(c.s.deadline)
+	for time.Now().Before(deadline) {
+		if uint64(C.radic_conn_acked(c.c)) >= end {
+			return true
+		}
+		c.mu.Lock()
+		failed := c.failed
+		c.mu.Unlock()
+		if failed {
+			return false
+		}
+		select {
+		case <-c.room:
+		case <-time.After(heartbeat):
+		}
+	}
+	return false
+}
+
+// close: the app let go of the connection. Send the marker, keep the socket
+// until the peer has everything, then let it go.
+func (c *conn) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.mu.Unlock()
+	end := uint64(C.radic_conn_shut_wr(c.c))
+	c.mu.Lock()
+	c.end = end
+	c.mu.Unlock()
+	c.poke()
+	c.s.lingering.Add(1)
+	go func() {
+		defer c.s.lingering.Done()
+		c.waitAcked(end)
+		time.Sleep(heartbeat) // let the peer hear our last acknowledgement
+		c.mu.Lock()
+		c.failed = true
+		if c.ctl != nil {
+			c.ctl.Close()
+			c.ctl = nil
+		}
+		for _, fd := range c.fds {
+			C.radic_sock_close(C.int(fd))
+		}
+		c.fds = nil
+		c.mu.Unlock()
+		c.s.mu.Lock()
+		delete(c.s.byID, c.id)
+		delete(c.s.byPtr, c.c)
+		c.s.mu.Unlock()
+		// The C state may still be touched by a thread racing the app's
+		// close; it is small once its ring is gone, so it is kept.
+	}()
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// locator answers "is this address a radic listener of our job, and where
+// is it now?" by asking the node's radicd (RADIC_DAEMON), which serves the
+// location table. Addresses outside the cluster are answered at once from
+// the node list, so a connection to anything else costs no lookup at all.
+type locator struct {
+	daemon string
+	job    string
+	node   int
+	hc     *http.Client
+
+	mu        sync.Mutex
+	nodes     []nodeRecord
+	fetchedAt time.Time
+}
+
+// nodeRecord is one node of the cluster as radicd's GET /v1/nodes gives it.
+type nodeRecord struct {
+	ID      int    `json:"id"`
+	Logical string `json:"logical"`
+	Addr    string `json:"addr"`
+	Gen     int    `json:"gen"`
+}
+
+// location is GET /v1/locate's answer.
+type location struct {
+	Managed bool   `json:"managed"`
+	Node    int    `json:"node"`
+	Lpid    string `json:"lpid"`
+	Addr    string `json:"addr"`
+	Ctl     string `json:"ctl"`
+	Gen     int    `json:"gen"`
+}
+
+func newLocator(daemon, job string, node int) *locator {
+	return &locator{daemon: daemon, job: job, node: node,
+		hc: &http.Client{Timeout: 2 * time.Second}}
+}
+
+func (l *locator) get(path string, q url.Values, v any) error {
+	u := "http://" + l.daemon + path
+	if q != nil {
+		u += "?" + q.Encode()
+	}
+	resp, err := l.hc.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("radicd %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// refresh reloads the node list, at most once per interval.
+func (l *locator) refresh(interval time.Duration) {
+	l.mu.Lock()
+	stale := time.Since(l.fetchedAt) >= interval
+	if stale {
+		l.fetchedAt = time.Now()
+	}
+	l.mu.Unlock()
+	if !stale {
+		return
+	}
+	var r struct {
+		Nodes []nodeRecord `json:"nodes"`
+	}
+	if err := l.get("/v1/nodes", nil, &r); err != nil {
+		logf("cannot read the node list from radicd at %s: %v", l.daemon, err)
+		return
+	}
+	l.mu.Lock()
+	l.nodes = r.Nodes
+	l.mu.Unlock()
+}
+
+// nodeOf finds the node that has ip as its logical or current address.
+func (l *locator) nodeOf(ip netip.Addr) (nodeRecord, bool) {
+	for pass := 0; pass < 2; pass++ {
+		l.mu.Lock()
+		for _, n := range l.nodes {
+			if n.Logical == ip.String() || n.Addr == ip.String() {
+				l.mu.Unlock()
+				return n, true
+			}
+		}
+		l.mu.Unlock()
+		l.refresh(time.Second) // a node may have moved since
+	}
+	return nodeRecord{}, false
+}
+
+// current is where the node whose (logical or earlier) address is ip is
+// now, from a node list at most maxAge old.
+func (l *locator) current(ip netip.Addr, maxAge time.Duration) (netip.Addr, bool) {
+	l.refresh(maxAge)
+	n, ok := l.nodeOf(ip)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(n.Addr)
+	return a, err == nil
+}
+
+// logical maps an address of some node (old or current) to its logical one.
+func (l *locator) logical(ip netip.Addr) netip.Addr {
+	if n, ok := l.nodeOf(ip); ok {
+		if a, err := netip.ParseAddr(n.Logical); err == nil {
+			return a
+		}
+	}
+	return ip
+}
+
+// self is this node's logical address.
+func (l *locator) self() (netip.Addr, bool) {
+	l.refresh(time.Hour)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.nodes {
+		if n.ID == l.node {
+			a, err := netip.ParseAddr(n.Logical)
+			return a, err == nil
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// locate says whether ap is a radic listener of this job, and where it and
+// its process's control port are now.
+func (l *locator) locate(ap netip.AddrPort) (location, bool) {
+	if _, ok := l.nodeOf(ap.Addr()); !ok {
+		return location{}, false
+	}
+	var loc location
+	q := url.Values{"job": {l.job}, "addr": {ap.String()}}
+	if err := l.get("/v1/locate", q, &loc); err != nil {
+		logf("location lookup of %s failed (%v): treating it as plain TCP", ap, err)
+		return location{}, false
+	}
+	return loc, loc.Managed
+}

@@ -1,0 +1,583 @@
+package main
+
+/*
+#include "shim.h"
+#include "conn.h"
+#include "sockio.h"
+#include <fcntl.h>
+#include <netinet/in.h>
+*/
+import "C"
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// Tunables. The heartbeat doubles as the acknowledgement of delivered
+// bytes; a control channel silent for deadAfter means the link is gone.
+const (
+	heartbeat      = 50 * time.Millisecond
+	deadAfter      = 400 * time.Millisecond
+	helloWait      = 300 * time.Millisecond // acceptor: wait this long for a radic hello
+	markerWait     = 200 * time.Millisecond // an EOF may arrive just before the close marker
+	dialTimeout    = 150 * time.Millisecond // per reconnection attempt
+	handshakeWait  = time.Second
+	backoffFirst   = 10 * time.Millisecond
+	backoffMax     = 100 * time.Millisecond
+	defaultTimeout = 60 * time.Second // RADIC_DEADLINE
+)
+
+var helloMagic = [8]byte{'R', 'A', 'D', 'I', 'C', 0, 1, 0}
+
+const helloLen = 32
+
+// safeSockets is the process's control plane for its managed connections.
+type safeSockets struct {
+	job      string
+	jobHash  uint64
+	lpid     uint32
+	deadline time.Duration
+	noRetx   bool // RADIC_TEST_NO_RETX: resume without resending (tests prove they see the loss)
+	loc      *locator
+
+	ctlLn   net.Listener
+	ctlPort uint16
+	seq     atomic.Uint32
+
+	mu         sync.Mutex
+	byFd       map[int]*conn
+	byID       map[uint64]*conn
+	byPtr      map[*C.struct_radic_conn]*conn
+	pendingCtl map[uint64]net.Conn
+	listeners  map[int]uint16
+	lingering  sync.WaitGroup
+}
+
+var safe *safeSockets
+
+var debug = os.Getenv("RADIC_LOG") == "debug"
+
+func logf(format string, args ...any) {
+	cs := C.CString(fmt.Sprintf(format, args...))
+	C.radic_log(cs)
+	C.free(unsafe.Pointer(cs))
+}
+
+func debugf(format string, args ...any) {
+	if debug {
+		logf(format, args...)
+	}
+}
+
+// newSafeSockets sets up the control plane from the launch environment, or
+// returns nil (with a reason logged) when the process cannot have safe
+// sockets.
+func newSafeSockets() *safeSockets {
+	job, daemon := os.Getenv("RADIC_JOB"), os.Getenv("RADIC_DAEMON")
+	if daemon == "" {
+		logf("job %s has no radicd on this node (RADIC_DAEMON is unset): its connections are plain TCP", job)
+		return nil
+	}
+	rank, err1 := strconv.Atoi(os.Getenv("RADIC_RANK"))
+	node, err2 := strconv.Atoi(os.Getenv("RADIC_NODE"))
+	if err1 != nil || err2 != nil || rank < 0 {
+		logf("RADIC_RANK=%q RADIC_NODE=%q: not a rank of a radic job; connections are plain TCP",
+			os.Getenv("RADIC_RANK"), os.Getenv("RADIC_NODE"))
+		return nil
+	}
+	s := &safeSockets{
+		job: job, lpid: uint32(rank), deadline: defaultTimeout,
+		noRetx: os.Getenv("RADIC_TEST_NO_RETX") == "1",
+		loc:    newLocator(daemon, job, node),
+		byFd:   map[int]*conn{}, byID: map[uint64]*conn{}, byPtr: map[*C.struct_radic_conn]*conn{},
+		pendingCtl: map[uint64]net.Conn{}, listeners: map[int]uint16{},
+	}
+	h := fnv.New64a()
+	h.Write([]byte(job))
+	s.jobHash = h.Sum64()
+	if v := os.Getenv("RADIC_DEADLINE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			logf("RADIC_DEADLINE=%q: want a duration such as 30s; using %v", v, defaultTimeout)
+		} else {
+			s.deadline = d
+		}
+	}
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		logf("cannot open the control listener (%v): connections are plain TCP", err)
+		return nil
+	}
+	s.ctlLn = ln
+	s.ctlPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+	go s.serveCtl()
+	return s
+}
+
+// ---- small helpers ----------------------------------------------------------
+
+func ip4(a netip.Addr) C.uint32_t {
+	b := a.As4()
+	return C.uint32_t(binary.NativeEndian.Uint32(b[:])) // network order in memory
+}
+
+func fromIP4(v C.uint32_t) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], uint32(v))
+	return netip.AddrFrom4(b)
+}
+
+func sockName(fd int, peer bool) (netip.AddrPort, error) {
+	var ip C.uint32_t
+	var port C.uint16_t
+	p := C.int(0)
+	if peer {
+		p = 1
+	}
+	if e := C.radic_sock_name(C.int(fd), p, &ip, &port); e < 0 {
+		return netip.AddrPort{}, syscall.Errno(-e)
+	}
+	return netip.AddrPortFrom(fromIP4(ip), uint16(port)), nil
+}
+
+func sockaddrIn(p unsafe.Pointer, n int) (netip.AddrPort, bool) {
+	if p == nil || n < int(unsafe.Sizeof(C.struct_sockaddr_in{})) {
+		return netip.AddrPort{}, false
+	}
+	sa := (*C.struct_sockaddr_in)(p)
+	if sa.sin_family != C.AF_INET {
+		return netip.AddrPort{}, false
+	}
+	port := uint16(sa.sin_port>>8) | uint16(sa.sin_port&0xff)<<8
+	return netip.AddrPortFrom(fromIP4(C.uint32_t(sa.sin_addr.s_addr)), port), true
+}
+
+func errnoName(e int) string {
+	if e == 0 {
+		return "end of stream"
+	}
+	return fmt.Sprintf("%s (%s)", errnoSym[e], syscall.Errno(e).Error())
+}
+
+var errnoSym = map[int]string{
+	int(syscall.ETIMEDOUT): "ETIMEDOUT", int(syscall.ECONNRESET): "ECONNRESET",
+	int(syscall.EPIPE): "EPIPE", int(syscall.ECONNREFUSED): "ECONNREFUSED",
+	int(syscall.EHOSTUNREACH): "EHOSTUNREACH", int(syscall.ENETUNREACH): "ENETUNREACH",
+	int(syscall.ECONNABORTED): "ECONNABORTED",
+}
+
+// ---- connect, listen, accept ------------------------------------------------
+
+// connect decides whether the app's connect is managed: only when radicd
+// knows the destination as a listener of this job. Then the connection is
+// made (blocking, whatever the socket's mode: it completes or fails before
+// the app sees it), the radic hello goes first on the stream, and the
+// connection gets its state. Returns ok=false to have C make the real call.
+func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, errno int, ok bool) {
+	ap, isIn := sockaddrIn(sa, salen)
+	if !isIn {
+		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+		return 0, 0, false
+	}
+	loc, managed := s.loc.locate(ap)
+	if !managed {
+		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+		return 0, 0, false
+	}
+	target, err := netip.ParseAddrPort(loc.Addr)
+	if err != nil {
+		logf("radicd located %s at %q, which is not an address: plain TCP", ap, loc.Addr)
+		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+		return 0, 0, false
+	}
+	if e := C.radic_sock_connect(C.int(fd), ip4(target.Addr()), C.uint16_t(target.Port()), 120000); e < 0 {
+		return -1, int(-e), true
+	}
+	id := uint64(s.lpid)<<32 | uint64(s.seq.Add(1)-1)
+	local, _ := sockName(fd, false)
+	self, okSelf := s.loc.self()
+	if !okSelf {
+		self = local.Addr()
+	}
+	laddr := netip.AddrPortFrom(self, local.Port())
+	var hello [helloLen]byte
+	copy(hello[:8], helloMagic[:])
+	binary.BigEndian.PutUint64(hello[8:], s.jobHash)
+	binary.BigEndian.PutUint64(hello[16:], id)
+	a := laddr.Addr().As4()
+	copy(hello[24:28], a[:])
+	binary.BigEndian.PutUint16(hello[28:], laddr.Port())
+	binary.BigEndian.PutUint16(hello[30:], s.ctlPort)
+	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&hello[0]), helloLen, 5000); e < 0 {
+		return -1, int(syscall.ECONNRESET), true
+	}
+	ctl, _ := netip.ParseAddrPort(loc.Ctl)
+	c := s.newConn(fd, id, true, laddr, ap)
+	c.ctlAddr = ctl
+	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+	debugf("connection %s: connected to %s (now %s), peer rank %s", c, ap, target, loc.Lpid)
+	go c.openCtl(0)
+	return 0, 0, true
+}
+
+// bind keeps the app's logical address working after its node moved: a
+// bind to the node's logical address, once that is no longer the node's
+// real one, binds the node's current address instead.
+func (s *safeSockets) bind(fd int, sa unsafe.Pointer, salen int) (int, int, bool) {
+	ap, isIn := sockaddrIn(sa, salen)
+	if !isIn {
+		return 0, 0, false
+	}
+	self, ok := s.loc.self()
+	if !ok || ap.Addr() != self {
+		return 0, 0, false
+	}
+	n, ok := s.loc.nodeOf(self)
+	cur, err := netip.ParseAddr(n.Addr)
+	if !ok || err != nil || cur == self {
+		return 0, 0, false
+	}
+	if e := C.radic_sock_bind(C.int(fd), ip4(cur), C.uint16_t(ap.Port())); e < 0 {
+		return -1, int(-e), true
+	}
+	debugf("fd %d: bind to logical %s is bind to %s", fd, ap, netip.AddrPortFrom(cur, ap.Port()))
+	return 0, 0, true
+}
+
+// listen registers the listener with radicd before the app can tell
+// anyone its address, so that connects to it are managed.
+func (s *safeSockets) listen(fd, backlog int) (int, int) {
+	if e := C.radic_sock_listen(C.int(fd), C.int(backlog)); e < 0 {
+		return -1, int(-e)
+	}
+	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+	ap, err := sockName(fd, false)
+	if err != nil {
+		return 0, 0
+	}
+	if err := s.register("POST", ap.Port()); err != nil {
+		logf("cannot register listener port %d with radicd (%v): connections to it are plain TCP", ap.Port(), err)
+		return 0, 0
+	}
+	C.radic_fd_set(C.int(fd), C.RADIC_FD_LISTENER)
+	s.mu.Lock()
+	s.listeners[fd] = ap.Port()
+	s.mu.Unlock()
+	debugf("listener fd %d port %d registered", fd, ap.Port())
+	return 0, 0
+}
+
+// accept classifies a connection the app accepted on a radic listener: it
+// is managed when its first bytes are a radic hello of this job. A peer on
+// a cluster node gets helloWait to send them; anyone else is plain at once.
+func (s *safeSockets) accept(lfd, fd int) {
+	peer, err := sockName(fd, true)
+	if err != nil {
+		return
+	}
+	if _, ok := s.loc.nodeOf(peer.Addr()); !ok {
+		return
+	}
+	var buf [helloLen]byte
+	deadline := time.Now().Add(helloWait)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			debugf("fd %d from %s: no radic hello within %v: plain TCP", fd, peer, helloWait)
+			return
+		}
+		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, C.int(left.Milliseconds()+1)))
+		if n < 0 {
+			return
+		}
+		k := min(n, 8)
+		if !bytes.Equal(buf[:k], helloMagic[:k]) {
+			return // someone else's protocol
+		}
+		if n == helloLen {
+			break
+		}
+		if n > 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if binary.BigEndian.Uint64(buf[8:]) != s.jobHash {
+		logf("fd %d from %s: a radic hello from another job: plain TCP", fd, peer)
+		return
+	}
+	if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, 1000); e < 0 {
+		return
+	}
+	id := binary.BigEndian.Uint64(buf[16:])
+	paddr := netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[24:28])), binary.BigEndian.Uint16(buf[28:]))
+	local, _ := sockName(fd, false)
+	laddr := netip.AddrPortFrom(s.loc.logical(local.Addr()), local.Port())
+	c := s.newConn(fd, id, false, laddr, paddr)
+	c.ctlAddr = netip.AddrPortFrom(peer.Addr(), binary.BigEndian.Uint16(buf[30:]))
+	debugf("connection %s: accepted from %s", c, paddr)
+	s.mu.Lock()
+	nc := s.pendingCtl[id]
+	delete(s.pendingCtl, id)
+	s.mu.Unlock()
+	if nc != nil {
+		c.attachCtl(nc, 0)
+	}
+}
+
+func (s *safeSockets) register(method string, port uint16) error {
+	body := fmt.Sprintf(`{"job":%q,"port":%d,"lpid":%q,"ctl_port":%d}`, s.job, port, strconv.Itoa(int(s.lpid)), s.ctlPort)
+	req, err := newRequest(method, "http://"+s.loc.daemon+"/v1/listeners", body)
+	if err != nil {
+		return err
+	}
+	resp, err := s.loc.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("radicd said %s", resp.Status)
+	}
+	return nil
+}
+
+// ---- fds coming and going ---------------------------------------------------
+
+func (s *safeSockets) newConn(fd int, id uint64, initiator bool, laddr, paddr netip.AddrPort) *conn {
+	nb := C.radic_sock_getfl(C.int(fd))&C.O_NONBLOCK != 0
+	cc := C.radic_conn_new(C.int(fd), C.uint64_t(id), boolInt(nb))
+	if cc == nil {
+		logf("out of memory for a connection: fd %d stays plain TCP", fd)
+		return nil
+	}
+	C.radic_conn_set_names(cc, ip4(laddr.Addr()), C.uint16_t(laddr.Port()), ip4(paddr.Addr()), C.uint16_t(paddr.Port()))
+	c := &conn{s: s, c: cc, id: id, initiator: initiator, laddr: laddr, paddr: paddr,
+		fds: []int{fd}, kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
+		end: math.MaxUint64}
+	s.mu.Lock()
+	s.byFd[fd] = c
+	s.byID[id] = c
+	s.byPtr[cc] = c
+	s.mu.Unlock()
+	return c
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (s *safeSockets) lookup(fd int) *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byFd[fd]
+}
+
+func (s *safeSockets) dup(oldfd, newfd int) {
+	s.mu.Lock()
+	c := s.byFd[oldfd]
+	if c != nil {
+		s.byFd[newfd] = c
+	}
+	port, isListener := s.listeners[oldfd]
+	if isListener {
+		s.listeners[newfd] = port
+	}
+	s.mu.Unlock()
+	switch {
+	case c != nil:
+		c.mu.Lock()
+		c.fds = append(c.fds, newfd)
+		c.mu.Unlock()
+		C.radic_conn_attach(c.c, C.int(newfd))
+	case isListener:
+		C.radic_fd_set(C.int(newfd), C.RADIC_FD_LISTENER)
+	default:
+		C.radic_fd_set(C.int(newfd), C.RADIC_FD_CANDIDATE)
+	}
+}
+
+// closeFd: the app is closing fd. The last fd of a connection hands the
+// socket to a private duplicate that lingers until the peer has every byte.
+func (s *safeSockets) closeFd(fd int) {
+	s.mu.Lock()
+	c := s.byFd[fd]
+	delete(s.byFd, fd)
+	port, isListener := s.listeners[fd]
+	delete(s.listeners, fd)
+	stillListening := false
+	for _, p := range s.listeners {
+		stillListening = stillListening || p == port
+	}
+	s.mu.Unlock()
+	if isListener && !stillListening {
+		go s.register("DELETE", port) //nolint:errcheck // best effort: the listener is gone either way
+	}
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	for i, f := range c.fds {
+		if f == fd {
+			c.fds = append(c.fds[:i], c.fds[i+1:]...)
+			break
+		}
+	}
+	last := len(c.fds) == 0
+	if last {
+		if d := int(C.radic_sock_dup(C.int(fd))); d >= 0 {
+			c.fds = []int{d}
+		}
+	}
+	c.mu.Unlock()
+	if last {
+		c.close()
+	}
+}
+
+// ---- what C asks of Go ------------------------------------------------------
+
+func (s *safeSockets) byConn(cc *C.struct_radic_conn) *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byPtr[cc]
+}
+
+//export radic_go_broken
+func radic_go_broken(cc *C.struct_radic_conn, gen C.uint32_t, err C.int, eof C.int, nonblock C.int) C.int {
+	if safe == nil {
+		return 0
+	}
+	c := safe.byConn(cc)
+	if c == nil {
+		return 0
+	}
+	if eof == 0 {
+		c.breakOn(uint32(gen), int(err), "the socket failed: "+errnoName(int(err)))
+		return 0
+	}
+	// An end of stream: fine if the close marker arrives, a failure if not.
+	if nonblock != 0 {
+		if c.eofPending.CompareAndSwap(false, true) {
+			go func() {
+				ended := c.awaitMarker()
+				c.eofPending.Store(false)
+				if !ended {
+					c.breakOn(uint32(gen), 0, "the peer's end of stream came without a close marker")
+				}
+			}()
+		}
+		return 0
+	}
+	if c.awaitMarker() {
+		return 1
+	}
+	c.breakOn(uint32(gen), 0, "the peer's end of stream came without a close marker")
+	return 0
+}
+
+//export radic_go_wait_room
+func radic_go_wait_room(cc *C.struct_radic_conn) {
+	if safe == nil {
+		return
+	}
+	if c := safe.byConn(cc); c != nil {
+		select {
+		case <-c.room:
+		case <-time.After(heartbeat):
+		}
+	}
+}
+
+//export radic_go_ack_due
+func radic_go_ack_due(cc *C.struct_radic_conn) {
+	if safe == nil {
+		return
+	}
+	if c := safe.byConn(cc); c != nil {
+		c.poke()
+	}
+}
+
+// dispatch handles a call C handed to Go under the job policy.
+func (s *safeSockets) dispatch(c *C.struct_radic_call) C.int {
+	fd := int(c.fd)
+	switch int(c.op) {
+	case C.RADIC_OP_connect:
+		ret, e, ok := s.connect(fd, C.radic_arg_ptr(c.args[0]), int(c.args[1]))
+		if !ok {
+			return C.RADIC_PASS
+		}
+		c.ret, c.err = C.long(ret), C.int(e)
+		return C.RADIC_DONE
+	case C.RADIC_OP_bind:
+		if ret, e, ok := s.bind(fd, C.radic_arg_ptr(c.args[0]), int(c.args[1])); ok {
+			c.ret, c.err = C.long(ret), C.int(e)
+			return C.RADIC_DONE
+		}
+	case C.RADIC_OP_listen:
+		if C.radic_fd_get(c.fd)&C.RADIC_FD_CANDIDATE == 0 {
+			return C.RADIC_PASS
+		}
+		ret, e := s.listen(fd, int(c.args[0]))
+		c.ret, c.err = C.long(ret), C.int(e)
+		return C.RADIC_DONE
+	case C.RADIC_OP_accept:
+		if C.radic_fd_get(c.fd)&C.RADIC_FD_LISTENER != 0 {
+			s.accept(fd, int(c.args[0]))
+		}
+	case C.RADIC_OP_dup:
+		s.dup(fd, int(c.args[0]))
+	case C.RADIC_OP_close:
+		s.closeFd(fd)
+	case C.RADIC_OP_shutdown:
+		if conn := s.lookup(fd); conn != nil {
+			return conn.shutdown(int(c.args[0]), c)
+		}
+	case C.RADIC_OP_setsockopt:
+		if conn := s.lookup(fd); conn != nil {
+			conn.recordOpt(int(c.args[0]), int(c.args[1]), C.radic_arg_ptr(c.args[2]), int(c.args[3]))
+		}
+	}
+	return C.RADIC_PASS
+}
+
+// exit runs at process end: every connection still open gets its close
+// marker, and the process waits (bounded) until the peers have every byte.
+func (s *safeSockets) exit() {
+	s.mu.Lock()
+	var open []*conn
+	seen := map[*conn]bool{}
+	for _, c := range s.byFd {
+		if !seen[c] {
+			seen[c] = true
+			open = append(open, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range open {
+		c.close()
+	}
+	done := make(chan struct{})
+	go func() { s.lingering.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(min(s.deadline, 10*time.Second)):
+		logf("exiting with connections whose last bytes the peer has not acknowledged")
+	}
+}

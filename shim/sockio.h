@@ -1,0 +1,27 @@
+/* sockio.h — raw socket helpers for the Go control plane (sockio.c). */
+#ifndef RADIC_SOCKIO_H
+#define RADIC_SOCKIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+int radic_sock_dial(uint32_t ip, uint16_t port, int timeout_ms);
+int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms);
+int radic_sock_write_full(int fd, const void *p, size_t n, int timeout_ms);
+int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms);
+int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms);
+int radic_sock_name(int fd, int peer, uint32_t *ip, uint16_t *port);
+int radic_sock_bind(int fd, uint32_t ip, uint16_t port);
+int radic_sock_listen(int fd, int backlog);
+int radic_sock_dup(int fd);
+void radic_sock_close(int fd);
+int radic_sock_shutdown(int fd, int how);
+int radic_sock_getfl(int fd);
+int radic_sock_setopt(int fd, int level, int name, const void *val, socklen_t len);
+void radic_log(const char *s);
+
+/* A call argument that carries a pointer. */
+static inline void *radic_arg_ptr(long v) { return (void *)v; }
+
+#endif
