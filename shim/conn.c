@@ -26,6 +26,7 @@
 
 struct radic_conn *radic_conns[RADIC_FD_MAX];
 int radic_unready;
+unsigned radic_breaks;
 
 static inline int load_state(struct radic_conn *c)
 {
@@ -245,12 +246,12 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 	pthread_mutex_lock(&c->rlock);
 	for (;;) {
 		int st = load_state(c);
+		if (load64(&c->peer_end) == c->recvd)
+			break; /* the peer closed, and everything it sent is read */
 		if (st == RADIC_CONN_FAILED) {
 			err = c->fail_err;
 			break;
 		}
-		if (load64(&c->peer_end) == c->recvd)
-			break; /* the peer closed, and everything it sent is read */
 		if (st == RADIC_CONN_BROKEN) {
 			if (nb) {
 				err = EAGAIN;
@@ -544,6 +545,10 @@ int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd)
 	set_state(c, RADIC_CONN_UP, RADIC_CONN_BROKEN);
 	ep_move(c, fd, c->wake_fd);
 	pthread_mutex_unlock(&c->eplock);
+	/* The shutdown below makes the old socket look readable to a poll or
+	 * select already waiting on it: the waiting wrappers see the counter
+	 * move and redo their answer. */
+	__atomic_add_fetch(&radic_breaks, 1, __ATOMIC_SEQ_CST);
 	REAL(shutdown)(fd, SHUT_RDWR);
 	return 1;
 }

@@ -71,7 +71,8 @@ struct radic_conn {
 };
 
 extern struct radic_conn *radic_conns[];
-extern int radic_unready; /* conns not UP: waiting calls must look closer */
+extern int radic_unready;       /* conns not UP: waiting calls must look closer */
+extern unsigned radic_breaks;   /* bumped at every break: a wait that spans one redoes its answer */
 
 static inline struct radic_conn *radic_conn_of(int fd)
 {

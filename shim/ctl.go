@@ -170,7 +170,8 @@ type conn struct {
 	room      chan struct{}  // an acknowledgement came: the ring has room
 
 	eofPending atomic.Bool
-	resumeMu   sync.Mutex // one resume at a time
+	lastHeard  atomic.Int64 // unix ns of the last control frame (or swap)
+	resumeMu   sync.Mutex   // one resume at a time
 
 	mu          sync.Mutex
 	fds         []int          // the fds naming the socket (the app's, or our lingering dup)
@@ -319,6 +320,7 @@ func (c *conn) readCtl(nc net.Conn, gen uint32) {
 			c.breakOn(gen, e, why)
 			return
 		}
+		c.lastHeard.Store(time.Now().UnixNano())
 		if f.typ != fAck {
 			continue
 		}
@@ -369,6 +371,31 @@ func (c *conn) awaitMarker() bool {
 }
 
 // ---- failure and resumption -------------------------------------------------
+
+// monitor breaks any connection that has heard no control frame for a
+// while, whatever the reason: it backs up the control channel's own read
+// deadline, which cannot fire while no channel is attached at all.
+func (s *safeSockets) monitor() {
+	const grace = deadAfter + 4*heartbeat
+	for range time.Tick(heartbeat * 2) {
+		s.mu.Lock()
+		conns := make([]*conn, 0, len(s.byID))
+		for _, c := range s.byID {
+			conns = append(conns, c)
+		}
+		s.mu.Unlock()
+		now := time.Now().UnixNano()
+		for _, c := range conns {
+			if now-c.lastHeard.Load() < int64(grace) || C.radic_conn_state(c.c) != C.RADIC_CONN_UP {
+				continue
+			}
+			c.mu.Lock()
+			gen, ctl := c.gen, c.ctl != nil
+			c.mu.Unlock()
+			c.breakOn(gen, int(syscall.ETIMEDOUT), fmt.Sprintf("no control frame for %v (channel attached: %v)", grace, ctl))
+		}
+	}
+}
 
 // breakOn marks the connection broken if it still runs on socket gen.
 func (c *conn) breakOn(gen uint32, e int, why string) {
@@ -547,6 +574,7 @@ func (c *conn) commit(fd int, gen uint32, peerRecvd, peerEnd uint64) {
 		return
 	}
 	c.gen++
+	c.lastHeard.Store(time.Now().UnixNano())
 	if peerEnd != math.MaxUint64 {
 		C.radic_conn_set_peer_end(c.c, C.uint64_t(peerEnd))
 	}

@@ -124,6 +124,7 @@ func newSafeSockets() *safeSockets {
 	s.ctlLn = ln
 	s.ctlPort = uint16(ln.Addr().(*net.TCPAddr).Port)
 	go s.serveCtl()
+	go s.monitor()
 	return s
 }
 
@@ -195,6 +196,14 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	loc, managed := s.loc.locate(ap)
 	if !managed {
 		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+		// Not managed, but still a logical address: it goes to where
+		// the node is now.
+		if cur, ok := s.loc.current(ap.Addr(), time.Second); ok && cur != ap.Addr() {
+			if e := C.radic_sock_connect_plain(C.int(fd), ip4(cur), C.uint16_t(ap.Port())); e < 0 {
+				return -1, int(-e), true
+			}
+			return 0, 0, true
+		}
 		return 0, 0, false
 	}
 	target, err := netip.ParseAddrPort(loc.Addr)
@@ -260,17 +269,24 @@ func (s *safeSockets) bind(fd int, sa unsafe.Pointer, salen int) (int, int, bool
 // listen registers the listener with radicd before the app can tell
 // anyone its address, so that connects to it are managed.
 func (s *safeSockets) listen(fd, backlog int) (int, int) {
+	// Register first when the port is known already, so that no peer can
+	// connect before its radicd knows the listener (and go unmanaged).
+	ap, err := sockName(fd, false)
+	registered := false
+	if err == nil && ap.Port() != 0 {
+		registered = s.tryRegister(ap.Port())
+	}
 	if e := C.radic_sock_listen(C.int(fd), C.int(backlog)); e < 0 {
+		if registered {
+			go s.register("DELETE", ap.Port()) //nolint:errcheck // best effort
+		}
 		return -1, int(-e)
 	}
 	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
-	ap, err := sockName(fd, false)
-	if err != nil {
-		return 0, 0
-	}
-	if err := s.register("POST", ap.Port()); err != nil {
-		logf("cannot register listener port %d with radicd (%v): connections to it are plain TCP", ap.Port(), err)
-		return 0, 0
+	if !registered {
+		if ap, err = sockName(fd, false); err != nil || !s.tryRegister(ap.Port()) {
+			return 0, 0
+		}
 	}
 	C.radic_fd_set(C.int(fd), C.RADIC_FD_LISTENER)
 	s.mu.Lock()
@@ -337,6 +353,14 @@ func (s *safeSockets) accept(lfd, fd int) {
 	}
 }
 
+func (s *safeSockets) tryRegister(port uint16) bool {
+	if err := s.register("POST", port); err != nil {
+		logf("cannot register listener port %d with radicd (%v): connections to it are plain TCP", port, err)
+		return false
+	}
+	return true
+}
+
 func (s *safeSockets) register(method string, port uint16) error {
 	body := fmt.Sprintf(`{"job":%q,"port":%d,"lpid":%q,"ctl_port":%d}`, s.job, port, strconv.Itoa(int(s.lpid)), s.ctlPort)
 	req, err := newRequest(method, "http://"+s.loc.daemon+"/v1/listeners", body)
@@ -367,6 +391,7 @@ func (s *safeSockets) newConn(fd int, id uint64, initiator bool, laddr, paddr ne
 	c := &conn{s: s, c: cc, id: id, initiator: initiator, laddr: laddr, paddr: paddr,
 		fds: []int{fd}, kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
 		end: math.MaxUint64}
+	c.lastHeard.Store(time.Now().UnixNano())
 	s.mu.Lock()
 	s.byFd[fd] = c
 	s.byID[id] = c

@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <time.h>
 
 /* Asks Go about a call; returns 1 with *ret set when Go handled it. */
 static inline int go_call(int op, int fd, long a0, long a1, long a2, long a3, long a4, long a5,
@@ -732,6 +733,33 @@ static int timespec_ms(const struct timespec *t)
 	return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
 
+static long mono_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* What is left of a timeout that started at t0 (ms; -1 forever). */
+static int time_left(int timeout, long t0)
+{
+	if (timeout < 0)
+		return -1;
+	long left = timeout - (mono_ms() - t0);
+	return left > 0 ? (int)left : 0;
+}
+
+/* A connection broke while the real poll waited: its answer may show the
+ * old socket (shut down: "readable") or miss the new one. Answer again. */
+static int poll_again(struct pollfd *fds, nfds_t n, int timeout, long t0, const sigset_t *mask)
+{
+	int r = radic_conn_poll(fds, n, 0, mask);
+	int left = time_left(timeout, t0);
+	if (r == 0 && left != 0)
+		r = radic_conn_poll(fds, n, left, mask);
+	return r;
+}
+
 int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	long r;
@@ -741,6 +769,12 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 		if (radic_manage_policy != RADIC_MANAGE_JOB &&
 		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
 			return (int)r;
+		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
+		long t0 = timeout > 0 ? mono_ms() : 0;
+		int k = REAL(poll)(fds, n, timeout);
+		if (RADIC_UNLIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) != b0) && k >= 0)
+			k = poll_again(fds, n, timeout, t0, NULL);
+		return k;
 	}
 	return REAL(poll)(fds, n, timeout);
 }
@@ -754,6 +788,12 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset
 		if (radic_manage_policy != RADIC_MANAGE_JOB &&
 		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
 			return (int)r;
+		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
+		long t0 = mono_ms();
+		int k = REAL(ppoll)(fds, n, tmo, mask);
+		if (RADIC_UNLIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) != b0) && k >= 0)
+			k = poll_again(fds, n, timespec_ms(tmo), t0, mask);
+		return k;
 	}
 	return REAL(ppoll)(fds, n, tmo, mask);
 }
@@ -799,17 +839,45 @@ static int select_as_poll(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int time
 	return count;
 }
 
+/* The real select or pselect, answered again (as a poll, from copies of
+ * the sets) if a connection broke while it waited. */
+static int select_watching_breaks(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int timeout,
+				  const struct timeval *tv, const struct timespec *tmo,
+				  const sigset_t *mask, int is_pselect)
+{
+	fd_set r0, w0, e0;
+	if (rd)
+		r0 = *rd;
+	if (wr)
+		w0 = *wr;
+	if (ex)
+		e0 = *ex;
+	unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
+	long t0 = mono_ms();
+	int k = is_pselect ? REAL(pselect)(nfds, rd, wr, ex, tmo, mask)
+			   : REAL(select)(nfds, rd, wr, ex, (struct timeval *)tv);
+	if (RADIC_LIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) == b0) || k < 0)
+		return k;
+	if (rd)
+		*rd = r0;
+	if (wr)
+		*wr = w0;
+	if (ex)
+		*ex = e0;
+	return select_as_poll(nfds, rd, wr, ex, time_left(timeout, t0), mask);
+}
+
 int select(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *tv)
 {
 	long r;
 	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex))) {
-		if (conns_unready()) {
-			int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+		int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+		if (conns_unready())
 			return select_as_poll(nfds, rd, wr, ex, ms, NULL);
-		}
 		if (radic_manage_policy != RADIC_MANAGE_JOB &&
 		    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tv, 0, &r))
 			return (int)r;
+		return select_watching_breaks(nfds, rd, wr, ex, ms, tv, NULL, NULL, 0);
 	}
 	return REAL(select)(nfds, rd, wr, ex, tv);
 }
@@ -825,6 +893,7 @@ int pselect(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec 
 		    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tmo,
 			    (long)mask, &r))
 			return (int)r;
+		return select_watching_breaks(nfds, rd, wr, ex, timespec_ms(tmo), NULL, tmo, mask, 1);
 	}
 	return REAL(pselect)(nfds, rd, wr, ex, tmo, mask);
 }
