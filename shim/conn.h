@@ -38,7 +38,7 @@ enum radic_conn_state {
  * buffers hold. */
 #define RADIC_RING_MIN (64u << 10)
 #define RADIC_RING_MAX (16u << 20)
-#define RADIC_ACK_EVERY (1u << 20)
+#define RADIC_ACK_EVERY (4u << 20)
 #define RADIC_EP_MAX 8
 
 struct radic_epreg {

@@ -264,10 +264,9 @@ func (c *conn) attachCtl(nc net.Conn, attempt uint32) {
 		c.ctl.Close()
 	}
 	c.ctl = nc
-	gen := c.gen
 	c.mu.Unlock()
 	go c.sendAcks(nc)
-	go c.readCtl(nc, gen)
+	go c.readCtl(nc)
 }
 
 func (c *conn) ackFrame() frame {
@@ -297,13 +296,17 @@ func (c *conn) sendAcks(nc net.Conn) {
 	}
 }
 
-func (c *conn) readCtl(nc net.Conn, gen uint32) {
+// readCtl reads the peer's acknowledgements; its silence breaks whatever
+// socket the connection runs on by then (the channel may have been
+// attached just before a resume's swap).
+func (c *conn) readCtl(nc net.Conn) {
 	for {
 		f, err := readFrame(nc, deadAfter)
 		if err != nil {
 			c.mu.Lock()
 			current := c.ctl == nc
 			peerDone := c.closed
+			gen := c.gen
 			c.mu.Unlock()
 			if !current {
 				return
@@ -442,46 +445,83 @@ func (c *conn) failLocked(e int, why string) {
 }
 
 // reconnect is the initiator's side of a resume: dial the peer process's
-// control listener wherever radicd says it is now, agree on offsets, swap
-// the new stream in and resend what the peer has not delivered.
+// control listener wherever its node is now, agree on offsets, swap the new
+// stream in and resend what the peer has not delivered.
+//
+// Dials overlap: a new one starts every dialEvery while earlier ones still
+// wait, because a SYN lost to a cut is sent again by TCP only a second
+// later. Data flows again within about one dialEvery of the link's return.
 func (c *conn) reconnect(gen uint32) {
 	C.radic_conn_barrier(c.c)
-	backoff := backoffFirst
+	dialed := make(chan int, maxDials)
+	inFlight := 0
+	defer func() {
+		go func(n int) { // late dials: close what they bring
+			for ; n > 0; n-- {
+				if fd := <-dialed; fd >= 0 {
+					C.radic_sock_close(C.int(fd))
+				}
+			}
+		}(inFlight)
+	}()
+	tick := time.NewTicker(dialEvery)
+	defer tick.Stop()
 	for {
 		c.mu.Lock()
-		if c.failed || c.gen != gen {
-			c.mu.Unlock()
-			return
-		}
-		c.attempt++
-		attempt, ctl := c.attempt, c.ctlAddr
+		done := c.failed || c.gen != gen
 		c.mu.Unlock()
-		// The peer process is where its node is now (the app may have
-		// closed its listener long ago: only the node table matters).
-		if a, ok := c.s.loc.current(c.paddr.Addr(), 100*time.Millisecond); ok && a != ctl.Addr() {
-			ctl = netip.AddrPortFrom(a, ctl.Port())
-			c.mu.Lock()
-			c.ctlAddr = ctl
-			c.mu.Unlock()
-			debugf("connection %s: the peer's node is now at %s", c, a)
-		}
-		if c.tryResume(gen, attempt, ctl) {
+		if done {
 			return
 		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, backoffMax)
+		if inFlight < maxDials {
+			ctl := c.peerCtl()
+			inFlight++
+			go func() {
+				fd := int(C.radic_sock_dial(ip4(ctl.Addr()), C.uint16_t(ctl.Port()), C.int(dialTimeout.Milliseconds())))
+				if fd < 0 {
+					debugf("connection %s: dial %s: %v", c, ctl, syscall.Errno(-fd))
+				}
+				dialed <- fd
+			}()
+		}
+		select {
+		case fd := <-dialed:
+			inFlight--
+			if fd >= 0 && c.handshake(fd, gen) {
+				return
+			}
+			if fd < 0 {
+				<-tick.C // a dial that failed at once (refused): not faster than the tick
+			}
+		case <-tick.C:
+		}
 	}
 }
 
-func (c *conn) tryResume(gen, attempt uint32, ctl netip.AddrPort) bool {
-	fd := int(C.radic_sock_dial(ip4(ctl.Addr()), C.uint16_t(ctl.Port()), C.int(dialTimeout.Milliseconds())))
-	if fd < 0 {
-		debugf("connection %s: resume %d: dial %s: %v", c, attempt, ctl, syscall.Errno(-fd))
-		return false
+// peerCtl is where the peer process's control listener is now: on its
+// node's current address (the app may have closed its listener long ago:
+// only the node table matters).
+func (c *conn) peerCtl() netip.AddrPort {
+	c.mu.Lock()
+	ctl := c.ctlAddr
+	c.mu.Unlock()
+	if a, ok := c.s.loc.current(c.paddr.Addr(), 100*time.Millisecond); ok && a != ctl.Addr() {
+		ctl = netip.AddrPortFrom(a, ctl.Port())
+		c.mu.Lock()
+		c.ctlAddr = ctl
+		c.mu.Unlock()
+		debugf("connection %s: the peer's node is now at %s", c, a)
 	}
+	return ctl
+}
+
+// handshake runs the resume on a dialed stream; true when the connection
+// is settled (resumed, or failed for good). It closes fd.
+func (c *conn) handshake(fd int, gen uint32) bool {
 	defer C.radic_sock_close(C.int(fd))
 	c.mu.Lock()
-	end := c.end
+	c.attempt++
+	attempt, end := c.attempt, c.end
 	c.mu.Unlock()
 	recvd := uint64(C.radic_conn_recvd(c.c))
 	if err := writeFrameFd(fd, frame{typ: fResume, attempt: attempt, id: c.id, v1: recvd, v2: end}); err != nil {

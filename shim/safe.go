@@ -31,12 +31,12 @@ import (
 const (
 	heartbeat      = 50 * time.Millisecond
 	deadAfter      = 400 * time.Millisecond
-	helloWait      = 300 * time.Millisecond // acceptor: wait this long for a radic hello
+	helloWait      = time.Second            // acceptor: wait this long for a radic hello
 	markerWait     = 200 * time.Millisecond // an EOF may arrive just before the close marker
-	dialTimeout    = 150 * time.Millisecond // per reconnection attempt
+	dialEvery      = 50 * time.Millisecond  // reconnecting: a new dial this often
+	dialTimeout    = 500 * time.Millisecond // how long each dial may wait
+	maxDials       = 10                     // dials waiting at once
 	handshakeWait  = time.Second
-	backoffFirst   = 10 * time.Millisecond
-	backoffMax     = 100 * time.Millisecond
 	defaultTimeout = 60 * time.Second // RADIC_DEADLINE
 )
 
@@ -193,28 +193,30 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 		return 0, 0, false
 	}
+	cur, isNode := s.loc.current(ap.Addr(), time.Hour)
+	if !isNode {
+		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+		return 0, 0, false // outside the cluster: untouched
+	}
 	loc, managed := s.loc.locate(ap)
-	if !managed {
-		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
-		// Not managed, but still a logical address: it goes to where
-		// the node is now.
-		if cur, ok := s.loc.current(ap.Addr(), time.Second); ok && cur != ap.Addr() {
-			if e := C.radic_sock_connect_plain(C.int(fd), ip4(cur), C.uint16_t(ap.Port())); e < 0 {
-				return -1, int(-e), true
-			}
-			return 0, 0, true
-		}
-		return 0, 0, false
+	if target, err := netip.ParseAddrPort(loc.Addr); managed && err == nil {
+		cur = target.Addr()
 	}
-	target, err := netip.ParseAddrPort(loc.Addr)
-	if err != nil {
-		logf("radicd located %s at %q, which is not an address: plain TCP", ap, loc.Addr)
-		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
-		return 0, 0, false
-	}
-	if e := C.radic_sock_connect(C.int(fd), ip4(target.Addr()), C.uint16_t(target.Port()), 120000); e < 0 {
+	// A node of the cluster: the connection goes to where the node is now,
+	// and completes before the app sees it. A failed connect leaves the
+	// socket a candidate, for the app's retry.
+	if e := C.radic_sock_connect(C.int(fd), ip4(cur), C.uint16_t(ap.Port()), 120000); e < 0 {
 		return -1, int(-e), true
 	}
+	if !managed {
+		// The listener may have registered since the lookup: it does so
+		// before it listens, so a connect that succeeded sees it now.
+		if loc, managed = s.loc.locate(ap); !managed {
+			C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+			return 0, 0, true
+		}
+	}
+	target := netip.AddrPortFrom(cur, ap.Port())
 	id := uint64(s.lpid)<<32 | uint64(s.seq.Add(1)-1)
 	local, _ := sockName(fd, false)
 	self, okSelf := s.loc.self()

@@ -73,13 +73,6 @@ int radic_sock_dial(uint32_t ip, uint16_t port, int timeout_ms)
 	return fd;
 }
 
-/* The app's connect, as it asked for it, to another address. */
-int radic_sock_connect_plain(int fd, uint32_t ip, uint16_t port)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = {ip}};
-	return REAL(connect)(fd, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
-}
-
 /* The app's connect, made blocking whatever the socket's mode, to ip:port. */
 int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms)
 {

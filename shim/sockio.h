@@ -8,7 +8,6 @@
 
 int radic_sock_dial(uint32_t ip, uint16_t port, int timeout_ms);
 int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms);
-int radic_sock_connect_plain(int fd, uint32_t ip, uint16_t port);
 int radic_sock_write_full(int fd, const void *p, size_t n, int timeout_ms);
 int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms);
 int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms);

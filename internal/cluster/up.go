@@ -357,6 +357,12 @@ func buildNetwork(s *State) error {
 				return err
 			}
 		}
+		// A cluster fabric re-resolves a neighbour fast: with the
+		// kernel's default (an ARP probe a second) a healed link stays
+		// dark for up to a second after it is back.
+		if err := netns.Sysctl(n.Netns, "ipv4/neigh/eth0/retrans_time_ms", "100"); err != nil {
+			return err
+		}
 		if err := netns.Batch(n.Netns, []string{
 			"link set lo up",
 			"addr add " + n.Addr + "/16 dev eth0",
