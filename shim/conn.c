@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <linux/futex.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -158,6 +160,115 @@ static void ring_put(struct radic_conn *c, const struct iovec *v, size_t n, size
 	}
 }
 
+/* ---- the copier -------------------------------------------------------------
+ *
+ * A large write's copy into the ring runs on a helper thread while the
+ * writing thread is in the kernel sending the same bytes: both only read the
+ * app's buffer, and the writer no longer pays for the copy in line. One job
+ * at a time; a writer that finds the copier busy, or finds its job not yet
+ * started when its send returns, copies itself.
+ */
+#define RADIC_COPY_ASYNC (128u << 10)
+
+enum { JOB_POSTED, JOB_TAKEN, JOB_DONE };
+
+struct copy_job {
+	struct radic_conn *c;
+	const struct iovec *v;
+	size_t n, skip, len;
+	int state; /* a futex word */
+};
+
+static pthread_mutex_t copier_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t copier_cv = PTHREAD_COND_INITIALIZER;
+static struct copy_job *copier_job;
+static pthread_once_t copier_once = PTHREAD_ONCE_INIT;
+static int copier_running;
+
+static void *copier_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&copier_mu);
+		while (copier_job == NULL)
+			pthread_cond_wait(&copier_cv, &copier_mu);
+		struct copy_job *j = copier_job;
+		copier_job = NULL;
+		int posted = JOB_POSTED;
+		int mine = __atomic_compare_exchange_n(&j->state, &posted, JOB_TAKEN, 0,
+						       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		pthread_mutex_unlock(&copier_mu);
+		if (!mine)
+			continue; /* the writer took it back */
+		ring_put(j->c, j->v, j->n, j->skip, j->len);
+		__atomic_store_n(&j->state, JOB_DONE, __ATOMIC_RELEASE);
+		syscall(SYS_futex, &j->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+	}
+	return NULL;
+}
+
+static void copier_start(void)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old); /* no app signal handler runs on it */
+	pthread_t t;
+	if (pthread_create(&t, NULL, copier_main, NULL) == 0) {
+		pthread_detach(t);
+		copier_running = 1;
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* Hands the copy to the copier if it is free; 0 if the caller must copy. */
+static int copy_post(struct copy_job *j)
+{
+	if (j->len < RADIC_COPY_ASYNC)
+		return 0;
+	pthread_once(&copier_once, copier_start);
+	if (!copier_running)
+		return 0;
+	pthread_mutex_lock(&copier_mu);
+	int free = copier_job == NULL;
+	if (free) {
+		j->state = JOB_POSTED;
+		copier_job = j;
+		pthread_cond_signal(&copier_cv);
+	}
+	pthread_mutex_unlock(&copier_mu);
+	return free;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
+/* The send is done: make sure the copy is too. */
+static void copy_finish(struct copy_job *j)
+{
+	int posted = JOB_POSTED;
+	if (__atomic_compare_exchange_n(&j->state, &posted, JOB_TAKEN, 0, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE)) {
+		pthread_mutex_lock(&copier_mu); /* not started: take it back */
+		if (copier_job == j)
+			copier_job = NULL;
+		pthread_mutex_unlock(&copier_mu);
+		ring_put(j->c, j->v, j->n, j->skip, j->len);
+		return;
+	}
+	for (int spin = 0; __atomic_load_n(&j->state, __ATOMIC_ACQUIRE) != JOB_DONE; spin++) {
+		if (spin < 200)
+			cpu_relax();
+		else
+			syscall(SYS_futex, &j->state, FUTEX_WAIT_PRIVATE, JOB_TAKEN, NULL, NULL, 0);
+	}
+}
+
 /* ---- waiting ------------------------------------------------------------------ */
 
 /* Blocks until the connection leaves BROKEN. The wake fd is drained by Go
@@ -238,7 +349,12 @@ ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, in
 			t.msg_iovlen = (size_t)iov_slice(m->msg_iov, m->msg_iovlen, done, want, v,
 							 RADIC_IOV_MAX);
 			uint32_t gen = c->gen;
+			/* The copy of what this send may take runs beside it. */
+			struct copy_job job = {c, m->msg_iov, m->msg_iovlen, done, want, 0};
+			int async = copy_post(&job);
 			r = REAL(sendmsg)(fd, &t, flags | MSG_NOSIGNAL);
+			if (async)
+				copy_finish(&job);
 			if (r < 0) {
 				int e = errno;
 				if (e == EAGAIN || e == EINTR || e == ENOBUFS || e == ENOMEM) {
@@ -253,10 +369,13 @@ ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, in
 				continue;
 			}
 			c->wire += (uint64_t)r;
+			if (!async)
+				ring_put(c, m->msg_iov, m->msg_iovlen, done, (size_t)r);
+		} else {
+			/* A resume is pumping the ring: queue behind it. */
+			ring_put(c, m->msg_iov, m->msg_iovlen, done, (size_t)r);
 		}
-		/* Otherwise a resume is pumping the ring: queue behind it. */
-		ring_put(c, m->msg_iov, m->msg_iovlen, done, (size_t)r);
-		c->sent += (uint64_t)r;
+		__atomic_store_n(&c->sent, c->sent + (uint64_t)r, __ATOMIC_RELEASE);
 		done += (size_t)r;
 		if (done == total || nb)
 			break;
@@ -718,13 +837,8 @@ void radic_conn_set_acked(struct radic_conn *c, uint64_t v)
 
 uint64_t radic_conn_recvd(struct radic_conn *c) { return load64(&c->recvd); }
 
-uint64_t radic_conn_sent(struct radic_conn *c)
-{
-	pthread_mutex_lock(&c->wlock);
-	uint64_t s = c->sent;
-	pthread_mutex_unlock(&c->wlock);
-	return s;
-}
+/* Lock-free: a writer may be blocked in the kernel holding wlock. */
+uint64_t radic_conn_sent(struct radic_conn *c) { return load64(&c->sent); }
 
 void radic_conn_wake(struct radic_conn *c)
 {

@@ -58,7 +58,8 @@ struct radic_conn {
 
 	unsigned char *ring;
 	uint64_t cap; /* ring size, a power of two; 0 before the first write */
-	uint64_t sent, wire;
+	uint64_t sent; /* atomic for Go's reads */
+	uint64_t wire;
 	uint64_t acked; /* atomic */
 
 	uint64_t recvd;    /* atomic */

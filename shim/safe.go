@@ -64,6 +64,7 @@ type safeSockets struct {
 	pendingCtl map[uint64]net.Conn
 	listeners  map[int]uint16
 	lingering  sync.WaitGroup
+	monitoring sync.Once // the monitor starts with the first connection
 }
 
 var safe *safeSockets
@@ -124,7 +125,6 @@ func newSafeSockets() *safeSockets {
 	s.ctlLn = ln
 	s.ctlPort = uint16(ln.Addr().(*net.TCPAddr).Port)
 	go s.serveCtl()
-	go s.monitor()
 	return s
 }
 
@@ -394,6 +394,7 @@ func (s *safeSockets) newConn(fd int, id uint64, initiator bool, laddr, paddr ne
 		fds: []int{fd}, kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
 		end: math.MaxUint64}
 	c.lastHeard.Store(time.Now().UnixNano())
+	s.monitoring.Do(func() { go s.monitor() })
 	s.mu.Lock()
 	s.byFd[fd] = c
 	s.byID[id] = c
