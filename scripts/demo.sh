@@ -55,7 +55,8 @@ wait "$job"
 rc=$?
 got=$(digest build/demo-net.out)
 say "what the safe sockets said (radic's log lines on the ranks' stderr):"
-grep -E '^radic\[' build/demo-net.out | grep -E 'broken|resumed' | head -n 8 | sed 's/^/     /'
+{ grep -E '^radic\[.* broken' build/demo-net.out | head -n 3
+  grep -E '^radic\[.* resumed' build/demo-net.out | head -n 3; } | sed 's/^/     /'
 if [[ $rc == 0 && $got == "$ref" ]]; then
   say "the job finished: $got  (the same answer: nothing lost, nothing duplicated)"
 else
@@ -80,7 +81,8 @@ say "- radic is transparent: the job under libradic.so computes the reference an
 say "- Safe sockets: a cut link and a node that changed its address cost the job a"
 say "  pause, not a byte: connections were resumed where the receivers stood."
 say "- radicd's ring noticed node 2's death (above), took it out of the ring and"
-say "  promoted the spare (node 4) to protect in its place. The peers of the lost"
-say "  ranks waited RADIC_DEADLINE (5 s here) for them, then got a clear error."
+say "  promoted the spare (node 4) to protect in its place; radic run stopped the"
+say "  job as soon as a rank of node 2 died (had it not, the lost ranks' peers would"
+say "  have waited RADIC_DEADLINE, 5 s here, for them, then got a clear error)."
 say "- The job did not survive the node's death: message logging and restarting"
 say "  the lost ranks are the next stages of radic (see README.md, 'What works today')."
