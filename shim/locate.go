@@ -98,7 +98,7 @@ func (l *locator) nodeOf(ip netip.Addr) (nodeRecord, bool) {
 			}
 		}
 		l.mu.Unlock()
-		l.refresh(time.Second) // a node may have moved since
+		l.refresh(50 * time.Millisecond) // a node may have moved since
 	}
 	return nodeRecord{}, false
 }

@@ -63,6 +63,7 @@ type safeSockets struct {
 	byPtr      map[*C.struct_radic_conn]*conn
 	pendingCtl map[uint64]net.Conn
 	listeners  map[int]uint16
+	bound      map[int]netip.Addr // fds bound to the node's logical address (really the wildcard)
 	lingering  sync.WaitGroup
 	monitoring sync.Once // the monitor starts with the first connection
 }
@@ -104,7 +105,7 @@ func newSafeSockets() *safeSockets {
 		noRetx: os.Getenv("RADIC_TEST_NO_RETX") == "1",
 		loc:    newLocator(daemon, job, node),
 		byFd:   map[int]*conn{}, byID: map[uint64]*conn{}, byPtr: map[*C.struct_radic_conn]*conn{},
-		pendingCtl: map[uint64]net.Conn{}, listeners: map[int]uint16{},
+		pendingCtl: map[uint64]net.Conn{}, listeners: map[int]uint16{}, bound: map[int]netip.Addr{},
 	}
 	h := fnv.New64a()
 	h.Write([]byte(job))
@@ -244,27 +245,46 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	return 0, 0, true
 }
 
-// bind keeps the app's logical address working after its node moved: a
-// bind to the node's logical address, once that is no longer the node's
-// real one, binds the node's current address instead.
+// bind keeps the app's logical address working when its node moves: a
+// bind to the node's own logical address binds the wildcard address of the
+// node's namespace instead, which follows any readdress, and the fd
+// remembers the logical address for getsockname. (In loopback mode the
+// nodes share one namespace and a readdress leaves the old address
+// routable: binds there are left alone.)
 func (s *safeSockets) bind(fd int, sa unsafe.Pointer, salen int) (int, int, bool) {
 	ap, isIn := sockaddrIn(sa, salen)
 	if !isIn {
 		return 0, 0, false
 	}
 	self, ok := s.loc.self()
-	if !ok || ap.Addr() != self {
+	if !ok || ap.Addr() != self || self.IsLoopback() {
 		return 0, 0, false
 	}
-	n, ok := s.loc.nodeOf(self)
-	cur, err := netip.ParseAddr(n.Addr)
-	if !ok || err != nil || cur == self {
-		return 0, 0, false
-	}
-	if e := C.radic_sock_bind(C.int(fd), ip4(cur), C.uint16_t(ap.Port())); e < 0 {
+	if e := C.radic_sock_bind(C.int(fd), ip4(netip.IPv4Unspecified()), C.uint16_t(ap.Port())); e < 0 {
 		return -1, int(-e), true
 	}
-	debugf("fd %d: bind to logical %s is bind to %s", fd, ap, netip.AddrPortFrom(cur, ap.Port()))
+	s.mu.Lock()
+	s.bound[fd] = self
+	s.mu.Unlock()
+	debugf("fd %d: bind to logical %s binds 0.0.0.0:%d", fd, ap, ap.Port())
+	return 0, 0, true
+}
+
+// getsockname of a socket bound through bind: its logical address.
+func (s *safeSockets) getsockname(fd int, sa unsafe.Pointer, salen unsafe.Pointer) (int, int, bool) {
+	s.mu.Lock()
+	ip, ok := s.bound[fd]
+	s.mu.Unlock()
+	if !ok {
+		return 0, 0, false
+	}
+	real, err := sockName(fd, false)
+	if err != nil {
+		return 0, 0, false
+	}
+	if C.radic_sock_fill(sa, (*C.socklen_t)(salen), ip4(ip), C.uint16_t(real.Port())) < 0 {
+		return -1, int(syscall.EFAULT), true
+	}
 	return 0, 0, true
 }
 
@@ -306,11 +326,15 @@ func (s *safeSockets) accept(lfd, fd int) {
 	if err != nil {
 		return
 	}
+	// A peer on a node of the cluster gets helloWait to say hello; anyone
+	// else is only checked for one already there (a node that moved a
+	// moment ago may not be in our node list yet).
+	wait := helloWait
 	if _, ok := s.loc.nodeOf(peer.Addr()); !ok {
-		return
+		wait = time.Millisecond
 	}
 	var buf [helloLen]byte
-	deadline := time.Now().Add(helloWait)
+	deadline := time.Now().Add(wait)
 	for {
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -426,6 +450,9 @@ func (s *safeSockets) dup(oldfd, newfd int) {
 	if isListener {
 		s.listeners[newfd] = port
 	}
+	if ip, ok := s.bound[oldfd]; ok {
+		s.bound[newfd] = ip
+	}
 	s.mu.Unlock()
 	switch {
 	case c != nil:
@@ -448,6 +475,7 @@ func (s *safeSockets) closeFd(fd int) {
 	delete(s.byFd, fd)
 	port, isListener := s.listeners[fd]
 	delete(s.listeners, fd)
+	delete(s.bound, fd)
 	stillListening := false
 	for _, p := range s.listeners {
 		stillListening = stillListening || p == port
@@ -555,6 +583,11 @@ func (s *safeSockets) dispatch(c *C.struct_radic_call) C.int {
 		return C.RADIC_DONE
 	case C.RADIC_OP_bind:
 		if ret, e, ok := s.bind(fd, C.radic_arg_ptr(c.args[0]), int(c.args[1])); ok {
+			c.ret, c.err = C.long(ret), C.int(e)
+			return C.RADIC_DONE
+		}
+	case C.RADIC_OP_getsockname:
+		if ret, e, ok := s.getsockname(fd, C.radic_arg_ptr(c.args[0]), C.radic_arg_ptr(c.args[1])); ok {
 			c.ret, c.err = C.long(ret), C.int(e)
 			return C.RADIC_DONE
 		}

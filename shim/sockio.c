@@ -168,6 +168,18 @@ int radic_sock_bind(int fd, uint32_t ip, uint16_t port)
 	return REAL(bind)(fd, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
 }
 
+/* Writes ip:port as the app's sockaddr (truncated to *len, as the kernel
+ * does); -1 on a bad pointer. */
+int radic_sock_fill(void *sa, socklen_t *len, uint32_t ip, uint16_t port)
+{
+	if (sa == NULL || len == NULL)
+		return -1;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = {ip}};
+	memcpy(sa, &a, *len < sizeof a ? *len : sizeof a);
+	*len = sizeof a;
+	return 0;
+}
+
 int radic_sock_listen(int fd, int backlog) { return REAL(listen)(fd, backlog) < 0 ? -errno : 0; }
 
 /* A private duplicate of fd (for a connection the app closed but whose

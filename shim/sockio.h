@@ -13,6 +13,7 @@ int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms);
 int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms);
 int radic_sock_name(int fd, int peer, uint32_t *ip, uint16_t *port);
 int radic_sock_bind(int fd, uint32_t ip, uint16_t port);
+int radic_sock_fill(void *sa, socklen_t *len, uint32_t ip, uint16_t port);
 int radic_sock_listen(int fd, int backlog);
 int radic_sock_dup(int fd);
 void radic_sock_close(int fd);

@@ -431,24 +431,32 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 
 /* The accepted fd is new: Go hears of it after the real accept (it decides
  * whether the connection is managed). */
-static int accepted(int lfd, int fd)
+static int accepted(int lfd, int fd, struct sockaddr *addr, socklen_t *len)
 {
 	if (fd < 0)
 		return fd;
 	fresh_fd(fd);
-	if (CONTROLLED(lfd))
+	if (CONTROLLED(lfd)) {
 		go_notify(RADIC_OP_accept, lfd, fd, 0, 0);
+		/* A managed peer is known by its logical address. */
+		struct radic_conn *c = MANAGED(fd) ? conn(fd) : NULL;
+		if (c != NULL && addr != NULL && len != NULL) {
+			int saved = errno;
+			radic_conn_name(c, 1, addr, len);
+			errno = saved;
+		}
+	}
 	return fd;
 }
 
 int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
-	return accepted(fd, REAL(accept)(fd, addr, len));
+	return accepted(fd, REAL(accept)(fd, addr, len), addr, len);
 }
 
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
-	return accepted(fd, REAL(accept4)(fd, addr, len, flags));
+	return accepted(fd, REAL(accept4)(fd, addr, len, flags), addr, len);
 }
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len)
@@ -501,6 +509,8 @@ int getsockname(int fd, struct sockaddr *addr, socklen_t *len)
 			return k == 0 ? 0 : -1;
 		if (GO(getsockname, fd, (long)addr, (long)len, 0, 0, 0, 0))
 			return (int)r;
+	} else if (CONTROLLED(fd) && GO(getsockname, fd, (long)addr, (long)len, 0, 0, 0, 0)) {
+		return (int)r; /* a socket bound to the node's logical address */
 	}
 	return REAL(getsockname)(fd, addr, len);
 }
