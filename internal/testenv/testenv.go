@@ -7,6 +7,7 @@
 package testenv
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -104,4 +105,23 @@ func Rand(t testing.TB) *rand.Rand {
 	}
 	t.Logf("TEST_SEED=%d", seed)
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// Buffer is a bytes.Buffer that one writer (a command's output) and
+// readers (a test polling that output) may use at once.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

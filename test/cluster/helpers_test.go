@@ -13,7 +13,6 @@ package cluster_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,7 +24,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -252,28 +250,10 @@ func self(t *testing.T) string {
 	return p
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // job is a `radic run` in the background.
 type job struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *testenv.Buffer
 	done   chan struct{}
 	err    error
 	launch time.Time
@@ -282,7 +262,7 @@ type job struct {
 // start launches `radic run ARGS...` with extra environment.
 func (c *tc) start(env []string, args ...string) *job {
 	c.t.Helper()
-	j := &job{cmd: c.cmd(append([]string{"run"}, args...)...), out: new(syncBuffer), done: make(chan struct{})}
+	j := &job{cmd: c.cmd(append([]string{"run"}, args...)...), out: new(testenv.Buffer), done: make(chan struct{})}
 	j.cmd.Env = append(j.cmd.Env, env...)
 	j.cmd.WaitDelay = time.Second // ranks orphaned by a killed radic keep its output pipe
 	j.cmd.Stdout, j.cmd.Stderr = j.out, j.out

@@ -44,7 +44,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -268,29 +267,11 @@ func checkManaged(out string, managed bool) error {
 
 // ---- background jobs ----
 
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // job is a `radic run` in the background.
 type job struct {
 	b    *testing.B
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.Buffer
 	done chan struct{}
 	err  error
 }
@@ -302,7 +283,7 @@ func (c *bc) start(managed bool, args ...string) *job {
 	cmd := exec.Command(c.radic, c.runArgs(managed, args...)...)
 	cmd.Env = append(append([]string(nil), c.env...), "RADIC_LOG=debug")
 	cmd.WaitDelay = time.Second // ranks orphaned by a killed radic keep its output pipe
-	j := &job{b: c.b, cmd: cmd, out: new(syncBuffer), done: make(chan struct{})}
+	j := &job{b: c.b, cmd: cmd, out: new(testenv.Buffer), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = j.out, j.out
 	if err := cmd.Start(); err != nil {
 		c.b.Fatal(err)

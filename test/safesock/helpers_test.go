@@ -360,24 +360,6 @@ func self(t *testing.T) string {
 	return p
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // runOpts are the `radic run` settings of a job.
 type runOpts struct {
 	np    int
@@ -393,7 +375,7 @@ type job struct {
 	t      *testing.T
 	what   string
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *testenv.Buffer
 	done   chan struct{}
 	err    error
 	launch time.Time
@@ -417,7 +399,7 @@ func (c *tc) start(o runOpts, argv ...string) *job {
 	cmd := exec.Command(c.radic, args...)
 	cmd.Env = append(append([]string(nil), c.env...), o.env...)
 	cmd.WaitDelay = time.Second // ranks orphaned by a killed radic keep its output pipe
-	j := &job{t: c.t, what: o.what, cmd: cmd, out: new(syncBuffer), done: make(chan struct{})}
+	j := &job{t: c.t, what: o.what, cmd: cmd, out: new(testenv.Buffer), done: make(chan struct{})}
 	if j.what == "" {
 		j.what = filepath.Base(argv[0])
 	}
