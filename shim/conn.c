@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -72,6 +73,24 @@ static int iov_slice(const struct iovec *v, size_t n, size_t skip, size_t len, s
 
 /* ---- the retransmit ring --------------------------------------------------- */
 
+/* Ring memory: mapped, and in huge pages where the kernel gives them on
+ * request, since the copy streams through megabytes of it. */
+static unsigned char *ring_alloc(uint64_t cap)
+{
+	void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (cap >= (2u << 20))
+		madvise(p, cap, MADV_HUGEPAGE);
+	return p;
+}
+
+static void ring_free(unsigned char *r, uint64_t cap)
+{
+	if (r != NULL)
+		munmap(r, cap);
+}
+
 /* Makes room for need bytes past acked; returns 0 or -1 (ENOMEM). */
 static int ring_reserve(struct radic_conn *c, uint64_t need)
 {
@@ -80,7 +99,7 @@ static int ring_reserve(struct radic_conn *c, uint64_t need)
 	uint64_t cap = c->cap ? c->cap : RADIC_RING_MIN;
 	while (cap < need)
 		cap <<= 1;
-	unsigned char *r = malloc(cap);
+	unsigned char *r = ring_alloc(cap);
 	if (r == NULL)
 		return -1;
 	/* Copy what may still be needed: [acked, sent) at its new positions. */
@@ -95,7 +114,7 @@ static int ring_reserve(struct radic_conn *c, uint64_t need)
 		memcpy(r + p, c->ring + o, n);
 		x += n;
 	}
-	free(c->ring);
+	ring_free(c->ring, c->cap);
 	c->ring = r;
 	c->cap = cap;
 	return 0;
@@ -667,13 +686,17 @@ void radic_conn_detach(int fd)
 		__atomic_store_n(&radic_conns[fd], NULL, __ATOMIC_RELEASE);
 }
 
-void radic_conn_free(struct radic_conn *c)
+/* The connection is over (closed, everything acknowledged): its ring goes.
+ * The small state block stays, since a thread racing the app's close may
+ * still look at it. */
+void radic_conn_release(struct radic_conn *c)
 {
-	if (load_state(c) != RADIC_CONN_UP)
-		__atomic_sub_fetch(&radic_unready, 1, __ATOMIC_RELAXED);
-	syscall(SYS_close, c->wake_fd);
-	free(c->ring);
-	free(c);
+	pthread_mutex_lock(&c->wlock);
+	ring_free(c->ring, c->cap);
+	c->ring = NULL;
+	c->cap = 0;
+	c->wr_shut = 1;
+	pthread_mutex_unlock(&c->wlock);
 }
 
 static void set_state(struct radic_conn *c, int from, int to)

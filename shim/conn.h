@@ -93,7 +93,7 @@ int radic_conn_name(struct radic_conn *c, int peer, struct sockaddr *addr, sockl
 struct radic_conn *radic_conn_new(int fd, uint64_t id, int nonblock);
 void radic_conn_attach(struct radic_conn *c, int fd);
 void radic_conn_detach(int fd);
-void radic_conn_free(struct radic_conn *c);
+void radic_conn_release(struct radic_conn *c);
 int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd);
 void radic_conn_barrier(struct radic_conn *c);
 int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at);

@@ -728,7 +728,6 @@ func (c *conn) close() {
 		delete(c.s.byID, c.id)
 		delete(c.s.byPtr, c.c)
 		c.s.mu.Unlock()
-		// The C state may still be touched by a thread racing the app's
-		// close; it is small once its ring is gone, so it is kept.
+		C.radic_conn_release(c.c)
 	}()
 }
