@@ -11,37 +11,113 @@
 #include "shim.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- logical process ids of children -----------------------------------
+ *
+ * A process of a radic job has a logical id (RADIC_LPID, else its rank),
+ * which names its connections. A child that runs a new program (fork or
+ * vfork then exec, or posix_spawn) gets "<parent's id>.<n>", n counting the
+ * parent's children from 1: the same in every run of the job, never a pid.
+ * An exec without a fork keeps the id: it is the same logical process.
+ */
+char radic_lpid[64]; /* set by Go at init; empty outside a job */
+static unsigned children;
+static unsigned fork_index; /* in a fork child: which child it is */
+
+static unsigned next_child(void) { return __atomic_add_fetch(&children, 1, __ATOMIC_RELAXED); }
+
+/* envp with RADIC_LPID set for child n, or NULL when nothing changes.
+ * malloc'd: an exec replaces the process, a spawn frees it (spawn_env_free). */
+static char **child_env(char *const envp[], unsigned n)
+{
+	if (radic_lpid[0] == 0 || n == 0)
+		return NULL;
+	size_t k = 0;
+	while (envp != NULL && envp[k] != NULL)
+		k++;
+	char **e = malloc((k + 2) * sizeof *e);
+	char *v = malloc(96);
+	if (e == NULL || v == NULL) {
+		free(e);
+		free(v);
+		return NULL;
+	}
+	snprintf(v, 96, "RADIC_LPID=%s.%u", radic_lpid, n);
+	size_t j = 0;
+	for (size_t i = 0; i < k; i++)
+		if (strncmp(envp[i], "RADIC_LPID=", 11) != 0)
+			e[j++] = envp[i];
+	e[j++] = v;
+	e[j] = NULL;
+	return e;
+}
+
+static void spawn_env_free(char **e)
+{
+	if (e == NULL)
+		return;
+	for (char **p = e; *p != NULL; p++)
+		if (strncmp(*p, "RADIC_LPID=", 11) == 0)
+			free(*p);
+	free(e);
+}
+
+/* The environment an exec from this process should pass on: NULL (keep it)
+ * unless this is a child about to run its own program. */
+static char **exec_env(char *const envp[])
+{
+	if (radic_lpid[0] == 0)
+		return NULL;
+	if (radic_in_child)
+		return child_env(envp, fork_index);
+	if (getpid() != radic_owner_pid) /* a vfork child: the parent waits */
+		return child_env(envp, next_child());
+	return NULL;
+}
 
 /* A fork child shares the parent's safe sockets but none of its Go side:
  * from here on it makes plain calls (radic_in_child). */
 pid_t fork(void)
 {
+	unsigned n = next_child();
 	pid_t p = REAL(fork)();
-	if (p == 0)
+	if (p == 0) {
 		radic_in_child = 1;
+		fork_index = n;
+	}
 	return p;
 }
 
 pid_t _Fork(void)
 {
+	unsigned n = next_child();
 	pid_t p = REAL(_Fork)();
-	if (p == 0)
+	if (p == 0) {
 		radic_in_child = 1;
+		fork_index = n;
+	}
 	return p;
 }
 
 int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	return REAL(posix_spawn)(pid, path, fa, attr, argv, envp);
+	char **e = radic_lpid[0] ? child_env(envp, next_child()) : NULL;
+	int r = REAL(posix_spawn)(pid, path, fa, attr, argv, e ? e : envp);
+	spawn_env_free(e);
+	return r;
 }
 
 int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 		 const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	return REAL(posix_spawnp)(pid, file, fa, attr, argv, envp);
+	char **e = radic_lpid[0] ? child_env(envp, next_child()) : NULL;
+	int r = REAL(posix_spawnp)(pid, file, fa, attr, argv, e ? e : envp);
+	spawn_env_free(e);
+	return r;
 }
 
 /* exec and _exit run no destructors: give Go its end-of-process call first.
@@ -50,31 +126,36 @@ int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t 
 int execve(const char *path, char *const argv[], char *const envp[])
 {
 	radic_before_exit();
-	return REAL(execve)(path, argv, envp);
+	char **e = exec_env(envp);
+	return REAL(execve)(path, argv, e ? e : envp);
 }
 
 int execv(const char *path, char *const argv[])
 {
 	radic_before_exit();
-	return REAL(execv)(path, argv);
+	char **e = exec_env(environ);
+	return e ? REAL(execve)(path, argv, e) : REAL(execv)(path, argv);
 }
 
 int execvp(const char *file, char *const argv[])
 {
 	radic_before_exit();
-	return REAL(execvp)(file, argv);
+	char **e = exec_env(environ);
+	return e ? REAL(execvpe)(file, argv, e) : REAL(execvp)(file, argv);
 }
 
 int execvpe(const char *file, char *const argv[], char *const envp[])
 {
 	radic_before_exit();
-	return REAL(execvpe)(file, argv, envp);
+	char **e = exec_env(envp);
+	return REAL(execvpe)(file, argv, e ? e : envp);
 }
 
 int fexecve(int fd, char *const argv[], char *const envp[])
 {
 	radic_before_exit();
-	return REAL(fexecve)(fd, argv, envp);
+	char **e = exec_env(envp);
+	return REAL(fexecve)(fd, argv, e ? e : envp);
 }
 
 /* The execl family is variadic; gather the list and use the execv forms. */

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -48,7 +49,8 @@ const helloLen = 32
 type safeSockets struct {
 	job      string
 	jobHash  uint64
-	lpid     uint32
+	lpid     uint32 // the top half of every connection id
+	lpidName string // as radicd knows it
 	deadline time.Duration
 	noRetx   bool // RADIC_TEST_NO_RETX: resume without resending (tests prove they see the loss)
 	loc      *locator
@@ -100,8 +102,20 @@ func newSafeSockets() *safeSockets {
 			os.Getenv("RADIC_RANK"), os.Getenv("RADIC_NODE"))
 		return nil
 	}
+	// The logical process id: the rank, or for a program a rank started,
+	// the rank and its place among its ancestors' children ("3.1.2", set by
+	// the exec and spawn wrappers). Connection ids are built from it.
+	lpid, lpidNum := strconv.Itoa(rank), uint32(rank)
+	if v := os.Getenv("RADIC_LPID"); v != "" && strings.HasPrefix(v, lpid+".") && len(v) < 60 {
+		h := fnv.New32a()
+		h.Write([]byte(v))
+		lpid, lpidNum = v, h.Sum32()|1<<31
+	}
+	cs := C.CString(lpid)
+	C.radic_set_lpid(cs)
+	C.free(unsafe.Pointer(cs))
 	s := &safeSockets{
-		job: job, lpid: uint32(rank), deadline: defaultTimeout,
+		job: job, lpid: lpidNum, lpidName: lpid, deadline: defaultTimeout,
 		noRetx: os.Getenv("RADIC_TEST_NO_RETX") == "1",
 		loc:    newLocator(daemon, job, node),
 		byFd:   map[int]*conn{}, byID: map[uint64]*conn{}, byPtr: map[*C.struct_radic_conn]*conn{},
@@ -388,7 +402,7 @@ func (s *safeSockets) tryRegister(port uint16) bool {
 }
 
 func (s *safeSockets) register(method string, port uint16) error {
-	body := fmt.Sprintf(`{"job":%q,"port":%d,"lpid":%q,"ctl_port":%d}`, s.job, port, strconv.Itoa(int(s.lpid)), s.ctlPort)
+	body := fmt.Sprintf(`{"job":%q,"port":%d,"lpid":%q,"ctl_port":%d}`, s.job, port, s.lpidName, s.ctlPort)
 	req, err := newRequest(method, "http://"+s.loc.daemon+"/v1/listeners", body)
 	if err != nil {
 		return err

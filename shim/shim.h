@@ -191,6 +191,7 @@ extern int radic_manage_policy;
 
 extern int radic_go_ready;
 extern int radic_in_child; /* a fork child: C-only, plain calls */
+extern char radic_lpid[64]; /* this process's logical id in its job ("" outside one) */
 extern pid_t radic_owner_pid;
 extern RADIC_TLS int radic_in_shim;
 

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -202,3 +203,5 @@ int radic_sock_setopt(int fd, int level, int name, const void *val, socklen_t le
 }
 
 void radic_log(const char *s) { radic_logf("%s", s); }
+
+void radic_set_lpid(const char *s) { snprintf(radic_lpid, sizeof radic_lpid, "%s", s); }

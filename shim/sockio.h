@@ -21,6 +21,7 @@ int radic_sock_shutdown(int fd, int how);
 int radic_sock_getfl(int fd);
 int radic_sock_setopt(int fd, int level, int name, const void *val, socklen_t len);
 void radic_log(const char *s);
+void radic_set_lpid(const char *s);
 
 /* A call argument that carries a pointer. */
 static inline void *radic_arg_ptr(long v) { return (void *)v; }
