@@ -466,6 +466,7 @@ func (c *conn) reconnect(gen uint32) {
 	}()
 	tick := time.NewTicker(dialEvery)
 	defer tick.Stop()
+	var last time.Time // the last dial's start: one every dialEvery, failed or not
 	for {
 		c.mu.Lock()
 		done := c.failed || c.gen != gen
@@ -473,7 +474,8 @@ func (c *conn) reconnect(gen uint32) {
 		if done {
 			return
 		}
-		if inFlight < maxDials {
+		if inFlight < maxDials && time.Since(last) >= dialEvery {
+			last = time.Now()
 			ctl := c.peerCtl()
 			inFlight++
 			go func() {
@@ -489,9 +491,6 @@ func (c *conn) reconnect(gen uint32) {
 			inFlight--
 			if fd >= 0 && c.handshake(fd, gen) {
 				return
-			}
-			if fd < 0 {
-				<-tick.C // a dial that failed at once (refused): not faster than the tick
 			}
 		case <-tick.C:
 		}
