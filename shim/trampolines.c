@@ -703,6 +703,23 @@ int ioctl(int fd, unsigned long req, ...)
 
 /* ---- waiting --------------------------------------------------------------- */
 
+/*
+ * Test mode hands waiting calls to Go just before they wait. The Go runtime
+ * preempts with SIGURG, and one aimed at this thread while it was in Go can
+ * land in the wait that follows: an EINTR the program did not cause. So the
+ * wait that follows a trip through Go blocks SIGURG (test mode only; a
+ * program's own SIGURG is delivered when the wait returns).
+ */
+static const sigset_t *without_urg(const sigset_t *mask, sigset_t *buf)
+{
+	if (mask != NULL)
+		*buf = *mask;
+	else
+		pthread_sigmask(SIG_BLOCK, NULL, buf);
+	sigaddset(buf, SIGURG);
+	return buf;
+}
+
 /* Does a poll set hold a managed fd? Skipped outright while none exist. */
 static inline int poll_has_managed(const struct pollfd *fds, nfds_t n)
 {
@@ -776,9 +793,13 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 	if (RADIC_UNLIKELY(poll_has_managed(fds, n))) {
 		if (conns_unready())
 			return radic_conn_poll(fds, n, timeout, NULL);
-		if (radic_manage_policy != RADIC_MANAGE_JOB &&
-		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
-			return (int)r;
+		if (radic_manage_policy != RADIC_MANAGE_JOB) {
+			if (go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
+				return (int)r;
+			sigset_t m;
+			struct timespec ts = {timeout / 1000, (timeout % 1000) * 1000000L};
+			return REAL(ppoll)(fds, n, timeout < 0 ? NULL : &ts, without_urg(NULL, &m));
+		}
 		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 		long t0 = timeout > 0 ? mono_ms() : 0;
 		int k = REAL(poll)(fds, n, timeout);
@@ -965,16 +986,24 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
 {
 	long r;
-	if (EPOLL_MANAGED(epfd) && GO(epoll_wait, epfd, (long)evs, max, timeout, 0, 0, 0))
-		return (int)r;
+	if (EPOLL_MANAGED(epfd)) {
+		if (GO(epoll_wait, epfd, (long)evs, max, timeout, 0, 0, 0))
+			return (int)r;
+		sigset_t m;
+		return REAL(epoll_pwait)(epfd, evs, max, timeout, without_urg(NULL, &m));
+	}
 	return REAL(epoll_wait)(epfd, evs, max, timeout);
 }
 
 int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask)
 {
 	long r;
-	if (EPOLL_MANAGED(epfd) && GO(epoll_wait, epfd, (long)evs, max, timeout, (long)mask, 0, 1))
-		return (int)r;
+	if (EPOLL_MANAGED(epfd)) {
+		if (GO(epoll_wait, epfd, (long)evs, max, timeout, (long)mask, 0, 1))
+			return (int)r;
+		sigset_t m;
+		return REAL(epoll_pwait)(epfd, evs, max, timeout, without_urg(mask, &m));
+	}
 	return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
 }
 
