@@ -863,13 +863,10 @@ uint64_t radic_conn_recvd(struct radic_conn *c) { return load64(&c->recvd); }
 /* Lock-free: a writer may be blocked in the kernel holding wlock. */
 uint64_t radic_conn_sent(struct radic_conn *c) { return load64(&c->sent); }
 
-void radic_conn_wake(struct radic_conn *c)
-{
-	uint64_t one = 1;
-	(void)!REAL(write)(c->wake_fd, &one, sizeof one);
-}
 
 uint64_t radic_conn_acked(struct radic_conn *c) { return load64(&c->acked); }
+
+uint64_t radic_conn_peer_end(struct radic_conn *c) { return load64(&c->peer_end); }
 
 int radic_conn_state(struct radic_conn *c) { return load_state(c); }
 

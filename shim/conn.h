@@ -104,8 +104,8 @@ void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v);
 void radic_conn_set_acked(struct radic_conn *c, uint64_t v);
 uint64_t radic_conn_recvd(struct radic_conn *c);
 uint64_t radic_conn_sent(struct radic_conn *c);
-void radic_conn_wake(struct radic_conn *c);
 uint64_t radic_conn_acked(struct radic_conn *c);
+uint64_t radic_conn_peer_end(struct radic_conn *c);
 int radic_conn_state(struct radic_conn *c);
 uint64_t radic_conn_shut_wr(struct radic_conn *c);
 void radic_conn_set_names(struct radic_conn *c, uint32_t lip, uint16_t lport, uint32_t pip,

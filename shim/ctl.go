@@ -346,7 +346,7 @@ func (c *conn) readCtl(nc net.Conn) {
 // and it acknowledged everything we sent: its control channel going away
 // is the end, not a failure.
 func (c *conn) peerFinished() bool {
-	end := uint64(c.c.peer_end)
+	end := uint64(C.radic_conn_peer_end(c.c))
 	return end != math.MaxUint64 && uint64(C.radic_conn_recvd(c.c)) == end &&
 		uint64(C.radic_conn_acked(c.c)) == uint64(C.radic_conn_sent(c.c))
 }
@@ -365,7 +365,7 @@ func (c *conn) finishQuietly() {
 func (c *conn) awaitMarker() bool {
 	deadline := time.Now().Add(markerWait)
 	for time.Now().Before(deadline) {
-		if uint64(c.c.peer_end) == uint64(C.radic_conn_recvd(c.c)) {
+		if uint64(C.radic_conn_peer_end(c.c)) == uint64(C.radic_conn_recvd(c.c)) {
 			return true
 		}
 		time.Sleep(2 * time.Millisecond)
