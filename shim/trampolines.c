@@ -95,6 +95,16 @@ static inline ssize_t conn_recv1(struct radic_conn *c, int fd, void *buf, size_t
 	return radic_conn_recv(c, fd, &m, flags);
 }
 
+/* recvfrom on a safe socket: a connected stream names no sender. */
+static inline ssize_t conn_recvfrom(struct radic_conn *c, int fd, void *buf, size_t n, int flags,
+				    socklen_t *fromlen)
+{
+	ssize_t k = conn_recv1(c, fd, buf, n, flags);
+	if (k >= 0 && fromlen != NULL)
+		*fromlen = 0; /* what TCP reports */
+	return k;
+}
+
 static inline ssize_t conn_send1(struct radic_conn *c, int fd, const void *buf, size_t n,
 				 int flags)
 {
@@ -267,12 +277,8 @@ ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *from,
 	long r;
 	if (MANAGED(fd)) {
 		struct radic_conn *c = conn(fd);
-		if (c) {
-			ssize_t k = conn_recv1(c, fd, buf, n, flags);
-			if (k >= 0 && fromlen != NULL)
-				*fromlen = 0; /* what TCP reports */
-			return k;
-		}
+		if (c)
+			return conn_recvfrom(c, fd, buf, n, flags, fromlen);
 		if (GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
 			return r;
 	}
@@ -285,12 +291,8 @@ ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags,
 	long r;
 	if (MANAGED(fd) && n <= buflen) {
 		struct radic_conn *c = conn(fd);
-		if (c) {
-			ssize_t k = conn_recv1(c, fd, buf, n, flags);
-			if (k >= 0 && fromlen != NULL)
-				*fromlen = 0;
-			return k;
-		}
+		if (c)
+			return conn_recvfrom(c, fd, buf, n, flags, fromlen);
 		if (GO(recvfrom, fd, (long)buf, (long)n, flags, (long)from, (long)fromlen, 0))
 			return r;
 	}

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/internal/cluster"
+	"github.com/radic-project/radic/internal/clustertest"
 	"github.com/radic-project/radic/internal/testenv"
 )
 
@@ -198,23 +199,13 @@ func (c *bc) state() *cluster.State {
 
 // radicErr runs radic and returns its combined output.
 func (c *bc) radicErr(args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, c.radic, args...)
-	cmd.Env = c.env
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return clustertest.Radic(c.radic, c.env, args...)
 }
 
 // must runs radic and fails the benchmark if it fails.
 func (c *bc) must(args ...string) string {
 	c.b.Helper()
-	out, err := c.radicErr(args...)
-	if err != nil {
-		c.b.Fatalf("radic %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
+	return clustertest.Must(c.b, c.radic, c.env, args...)
 }
 
 // runArgs is `radic run` of netbench ARGS on nodes 0 and 1, bare or not.

@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/internal/cluster"
+	"github.com/radic-project/radic/internal/clustertest"
 	"github.com/radic-project/radic/internal/testenv"
 )
 
@@ -266,23 +267,13 @@ func tailBytes(b []byte, n int) []byte {
 
 // radicErr runs radic and returns its combined output.
 func (c *tc) radicErr(args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, c.radic, args...)
-	cmd.Env = c.env
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return clustertest.Radic(c.radic, c.env, args...)
 }
 
 // must runs radic and fails the test if it fails.
 func (c *tc) must(args ...string) string {
 	c.t.Helper()
-	out, err := c.radicErr(args...)
-	if err != nil {
-		c.t.Fatalf("radic %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
+	return clustertest.Must(c.t, c.radic, c.env, args...)
 }
 
 // fault injects a fault (`radic fault ARGS`) and logs what radic did.
@@ -330,25 +321,7 @@ func (c *tc) waitHealed(timeout time.Duration) {
 // waitRanks waits until the newest job has n running ranks in the state.
 func (c *tc) waitRanks(n int) cluster.Job {
 	c.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		s, err := cluster.Load(c.dir)
-		if err == nil && len(s.Jobs) > 0 {
-			j := s.Jobs[len(s.Jobs)-1]
-			alive := 0
-			for _, r := range j.Ranks {
-				if r.Proc.Alive() {
-					alive++
-				}
-			}
-			if alive == n {
-				return j
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	c.t.Fatalf("no job with %d running ranks after 15 s", n)
-	return cluster.Job{}
+	return clustertest.WaitRanks(c.t, c.dir, n)
 }
 
 // self is the test binary, which runs the in-node helpers.
