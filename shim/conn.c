@@ -446,7 +446,10 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 		uint32_t gen = c->gen;
 		ssize_t r = REAL(recvmsg)(fd, &t, flags);
 		if (r > 0) {
+			/* What the kernel wrote back: TCP names no sender. */
 			m->msg_flags = t.msg_flags;
+			m->msg_namelen = t.msg_namelen;
+			m->msg_controllen = t.msg_controllen;
 			if (!peek) {
 				__atomic_store_n(&c->recvd, c->recvd + (uint64_t)r, __ATOMIC_RELEASE);
 				if (c->recvd >= c->ack_due) {

@@ -28,8 +28,9 @@ import (
 // initiator to the acceptor process's control listener. The same listener
 // takes resume connections, which become the new data stream.
 //
-// Every frame is 32 bytes: type, 3 bytes zero, attempt (u32), connection
-// id, v1, v2 (u64, big endian).
+// Every frame is 32 bytes: type, a zero byte, port (u16: in a resume, the
+// initiator's own port, which names the data stream it replaces), attempt
+// (u32), connection id, v1, v2 (u64, big endian).
 const (
 	fOpen    = 1 // a control channel for id (attempt: which resume)
 	fAck     = 2 // v1: bytes I delivered (MaxUint64: I read no more), v2: my close marker
@@ -43,6 +44,7 @@ const frameLen = 32
 
 type frame struct {
 	typ     byte
+	port    uint16
 	attempt uint32
 	id      uint64
 	v1, v2  uint64
@@ -51,6 +53,7 @@ type frame struct {
 func (f frame) bytes() []byte {
 	b := make([]byte, frameLen)
 	b[0] = f.typ
+	binary.BigEndian.PutUint16(b[2:], f.port)
 	binary.BigEndian.PutUint32(b[4:], f.attempt)
 	binary.BigEndian.PutUint64(b[8:], f.id)
 	binary.BigEndian.PutUint64(b[16:], f.v1)
@@ -59,10 +62,10 @@ func (f frame) bytes() []byte {
 }
 
 func parseFrame(b []byte) (frame, error) {
-	if len(b) != frameLen || b[1] != 0 || b[2] != 0 || b[3] != 0 || b[0] < fOpen || b[0] > fRefuse {
+	if len(b) != frameLen || b[1] != 0 || b[0] < fOpen || b[0] > fRefuse {
 		return frame{}, fmt.Errorf("malformed control frame % x", b)
 	}
-	return frame{typ: b[0], attempt: binary.BigEndian.Uint32(b[4:]), id: binary.BigEndian.Uint64(b[8:]),
+	return frame{typ: b[0], port: binary.BigEndian.Uint16(b[2:]), attempt: binary.BigEndian.Uint32(b[4:]), id: binary.BigEndian.Uint64(b[8:]),
 		v1: binary.BigEndian.Uint64(b[16:]), v2: binary.BigEndian.Uint64(b[24:])}, nil
 }
 
@@ -126,15 +129,22 @@ func (s *safeSockets) ctlConn(nc net.Conn) {
 		nc.Close()
 		return
 	}
+	s.route(f, nc)
+}
+
+// route hands a control stream to its connection, or holds it for a
+// connection the app has not accepted yet.
+func (s *safeSockets) route(f frame, nc net.Conn) {
 	s.mu.Lock()
 	c := s.byID[f.id]
-	if c == nil && f.typ == fOpen {
-		// The app has not accepted the data stream yet.
-		if old := s.pendingCtl[f.id]; old != nil {
-			old.Close()
+	if c == nil && !s.gone[f.id] && (f.typ == fOpen || f.typ == fResume) {
+		p := s.pending[f.id]
+		if p == nil {
+			p = &pendingConn{s: s, id: f.id}
+			s.pending[f.id] = p
 		}
-		s.pendingCtl[f.id] = nc
 		s.mu.Unlock()
+		p.hold(f, nc)
 		return
 	}
 	s.mu.Unlock()
@@ -149,6 +159,113 @@ func (s *safeSockets) ctlConn(nc net.Conn) {
 	default:
 		nc.Close()
 	}
+}
+
+// pendingConn is what the initiator of a connection sent before the app
+// accepted it (it may sit in the listen backlog for as long as the app
+// likes): its control channel, answered with acknowledgements of nothing
+// so that a slow accept is not taken for a failure, and its newest resume,
+// since the data stream can break before the app takes it, even before
+// the radic hello came through on it (its node moved).
+type pendingConn struct {
+	s  *safeSockets
+	id uint64
+
+	mu      sync.Mutex
+	adopted bool
+	ctl     net.Conn
+	ctlF    frame
+	resume  net.Conn
+	resumeF frame
+}
+
+func (p *pendingConn) hold(f frame, nc net.Conn) {
+	p.mu.Lock()
+	if p.adopted { // accepted meanwhile: the connection takes it
+		p.mu.Unlock()
+		p.s.route(f, nc)
+		return
+	}
+	if f.typ == fOpen {
+		if p.ctl != nil {
+			p.ctl.Close()
+		}
+		p.ctl, p.ctlF = nc, f
+		go p.ackNothing(nc)
+	} else {
+		if p.resume != nil {
+			p.resume.Close()
+		}
+		p.resume, p.resumeF = nc, f
+	}
+	p.mu.Unlock()
+}
+
+// ackNothing keeps a held control channel alive until the app accepts.
+func (p *pendingConn) ackNothing(nc net.Conn) {
+	t := time.NewTicker(heartbeat)
+	defer t.Stop()
+	for range t.C {
+		p.mu.Lock()
+		if p.adopted || p.ctl != nc {
+			p.mu.Unlock()
+			return
+		}
+		err := writeFrame(nc, frame{typ: fAck, id: p.id, v1: 0, v2: math.MaxUint64})
+		p.mu.Unlock()
+		if err != nil {
+			return // the initiator went away; a resume may still come
+		}
+	}
+}
+
+// adopt gives what was held to c, the connection the app just accepted.
+func (p *pendingConn) adopt(c *conn) {
+	p.mu.Lock()
+	p.adopted = true
+	ctl, ctlF, resume, resumeF := p.ctl, p.ctlF, p.resume, p.resumeF
+	p.mu.Unlock()
+	if ctl != nil {
+		c.attachCtl(ctl, ctlF.attempt)
+	}
+	if resume != nil {
+		go c.acceptResume(resume, resumeF)
+	}
+}
+
+// takePending removes and returns what is held for connection id.
+func (s *safeSockets) takePending(id uint64) *pendingConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pending[id]
+	delete(s.pending, id)
+	return p
+}
+
+// resumeOf finds a held resume of the data stream the app accepted from
+// peer, which never brought its hello: the resume names the initiator's
+// port, and comes from the same node.
+func (s *safeSockets) resumeOf(peer netip.AddrPort) (id uint64, from netip.Addr, ok bool) {
+	node := s.loc.logical(peer.Addr())
+	s.mu.Lock()
+	var cands []*pendingConn
+	for _, p := range s.pending {
+		cands = append(cands, p)
+	}
+	s.mu.Unlock()
+	for _, p := range cands {
+		p.mu.Lock()
+		nc, f := p.resume, p.resumeF
+		p.mu.Unlock()
+		if nc == nil || f.port != peer.Port() {
+			continue
+		}
+		src := nc.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
+		if s.loc.logical(src) == node {
+			return p.id, s.loc.logical(src), true
+		}
+	}
+	return 0, netip.Addr{}, false
 }
 
 // ---- a connection -------------------------------------------------------------
@@ -233,7 +350,7 @@ func (c *conn) openCtl(attempt uint32) {
 	c.mu.Lock()
 	addr := c.ctlAddr
 	c.mu.Unlock()
-	nc, err := net.DialTimeout("tcp4", addr.String(), time.Second)
+	nc, err := net.DialTimeout("tcp4", addr.String(), dialTimeout)
 	if err == nil {
 		if err = writeFrame(nc, frame{typ: fOpen, attempt: attempt, id: c.id}); err != nil {
 			nc.Close()
@@ -241,11 +358,12 @@ func (c *conn) openCtl(attempt uint32) {
 	}
 	if err != nil {
 		debugf("connection %s: control channel to %s: %v", c, addr, err)
-		// Without one, nothing acknowledges: a break and resume sorts it out.
+		// Without one, nothing acknowledges: a break and resume sorts it
+		// out, and the sooner the better: the acceptor may still be
+		// waiting for a hello that was lost with the old stream.
 		c.mu.Lock()
 		gen := c.gen
 		c.mu.Unlock()
-		time.Sleep(deadAfter)
 		c.breakOn(gen, int(syscall.ETIMEDOUT), "no control channel: "+err.Error())
 		return
 	}
@@ -305,13 +423,17 @@ func (c *conn) readCtl(nc net.Conn) {
 		if err != nil {
 			c.mu.Lock()
 			current := c.ctl == nc
-			peerDone := c.closed
+			closed, end := c.closed, c.end
 			gen := c.gen
 			c.mu.Unlock()
 			if !current {
 				return
 			}
-			if peerDone || c.peerFinished() {
+			// After our own close the channel's end is ours to ignore only
+			// once the peer has everything we sent: a channel that breaks
+			// before (a cut, a move) is a failure to resume from.
+			delivered := closed && uint64(C.radic_conn_acked(c.c)) >= end
+			if delivered || c.peerFinished() {
 				c.finishQuietly()
 				return
 			}
@@ -378,6 +500,12 @@ func (c *conn) awaitMarker() bool {
 // monitor breaks any connection that has heard no control frame for a
 // while, whatever the reason: it backs up the control channel's own read
 // deadline, which cannot fire while no channel is attached at all.
+//
+// It also breaks a connection whose data stream lives on an address this
+// node no longer has. Such a stream is dead for good, yet nothing else
+// would notice while the control channel is alive: a channel opened just
+// after the node moved runs on the new address, and it is that channel
+// which carries the acknowledgements and the heartbeat.
 func (s *safeSockets) monitor() {
 	const grace = deadAfter + 4*heartbeat
 	for range time.Tick(heartbeat * 2) {
@@ -388,14 +516,30 @@ func (s *safeSockets) monitor() {
 		}
 		s.mu.Unlock()
 		now := time.Now().UnixNano()
+		local := map[netip.Addr]bool{} // this tick's answers
 		for _, c := range conns {
-			if now-c.lastHeard.Load() < int64(grace) || C.radic_conn_state(c.c) != C.RADIC_CONN_UP {
+			if C.radic_conn_state(c.c) != C.RADIC_CONN_UP {
 				continue
 			}
 			c.mu.Lock()
-			gen, ctl := c.gen, c.ctl != nil
+			gen, ctl, fd := c.gen, c.ctl != nil, c.fd0()
 			c.mu.Unlock()
-			c.breakOn(gen, int(syscall.ETIMEDOUT), fmt.Sprintf("no control frame for %v (channel attached: %v)", grace, ctl))
+			if now-c.lastHeard.Load() >= int64(grace) {
+				c.breakOn(gen, int(syscall.ETIMEDOUT), fmt.Sprintf("no control frame for %v (channel attached: %v)", grace, ctl))
+				continue
+			}
+			ap, err := sockName(fd, false)
+			if err != nil || !ap.Addr().Is4() || ap.Addr().IsUnspecified() {
+				continue
+			}
+			here, seen := local[ap.Addr()]
+			if !seen {
+				here = C.radic_addr_is_local(ip4(ap.Addr())) != 0 // an error counts as here
+				local[ap.Addr()] = here
+			}
+			if !here {
+				c.breakOn(gen, int(syscall.ENETUNREACH), fmt.Sprintf("its stream runs on %s, which this node no longer has", ap.Addr()))
+			}
 		}
 	}
 }
@@ -504,7 +648,7 @@ func (c *conn) peerCtl() netip.AddrPort {
 	c.mu.Lock()
 	ctl := c.ctlAddr
 	c.mu.Unlock()
-	if a, ok := c.s.loc.current(c.paddr.Addr(), 100*time.Millisecond); ok && a != ctl.Addr() {
+	if _, a, ok := c.s.loc.current(c.paddr.Addr(), 100*time.Millisecond); ok && a != ctl.Addr() {
 		ctl = netip.AddrPortFrom(a, ctl.Port())
 		c.mu.Lock()
 		c.ctlAddr = ctl
@@ -523,7 +667,7 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 	attempt, end := c.attempt, c.end
 	c.mu.Unlock()
 	recvd := uint64(C.radic_conn_recvd(c.c))
-	if err := writeFrameFd(fd, frame{typ: fResume, attempt: attempt, id: c.id, v1: recvd, v2: end}); err != nil {
+	if err := writeFrameFd(fd, frame{typ: fResume, port: c.laddr.Port(), attempt: attempt, id: c.id, v1: recvd, v2: end}); err != nil {
 		return false
 	}
 	f, err := readFrameFd(fd)
@@ -726,6 +870,7 @@ func (c *conn) close() {
 		c.s.mu.Lock()
 		delete(c.s.byID, c.id)
 		delete(c.s.byPtr, c.c)
+		c.s.gone[c.id] = true
 		c.s.mu.Unlock()
 		C.radic_conn_release(c.c)
 	}()

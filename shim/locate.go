@@ -23,6 +23,7 @@ type locator struct {
 	mu        sync.Mutex
 	nodes     []nodeRecord
 	fetchedAt time.Time
+	selfAddr  netip.Addr // this node's logical address, once known (it never changes)
 }
 
 // nodeRecord is one node of the cluster as radicd's GET /v1/nodes gives it.
@@ -103,16 +104,18 @@ func (l *locator) nodeOf(ip netip.Addr) (nodeRecord, bool) {
 	return nodeRecord{}, false
 }
 
-// current is where the node whose (logical or earlier) address is ip is
-// now, from a node list at most maxAge old.
-func (l *locator) current(ip netip.Addr, maxAge time.Duration) (netip.Addr, bool) {
+// current is the node whose (logical, current or earlier) address is ip,
+// from a node list at most maxAge old, with its logical and current
+// addresses parsed.
+func (l *locator) current(ip netip.Addr, maxAge time.Duration) (logical, cur netip.Addr, ok bool) {
 	l.refresh(maxAge)
 	n, ok := l.nodeOf(ip)
 	if !ok {
-		return netip.Addr{}, false
+		return netip.Addr{}, netip.Addr{}, false
 	}
-	a, err := netip.ParseAddr(n.Addr)
-	return a, err == nil
+	logical, err1 := netip.ParseAddr(n.Logical)
+	cur, err2 := netip.ParseAddr(n.Addr)
+	return logical, cur, err1 == nil && err2 == nil
 }
 
 // logical maps an address of some node (old or current) to its logical one.
@@ -125,16 +128,29 @@ func (l *locator) logical(ip netip.Addr) netip.Addr {
 	return ip
 }
 
-// self is this node's logical address.
+// self is this node's logical address. It is learnt once, by the node's
+// id, and kept: a logical address never changes, whatever the node's
+// current address is, so no lag in the node list can make it wrong (an
+// address read off a socket would be the node's physical one).
 func (l *locator) self() (netip.Addr, bool) {
-	l.refresh(time.Hour)
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.nodes {
-		if n.ID == l.node {
-			a, err := netip.ParseAddr(n.Logical)
-			return a, err == nil
+	a := l.selfAddr
+	l.mu.Unlock()
+	if a.IsValid() {
+		return a, true
+	}
+	for pass := 0; pass < 2; pass++ {
+		l.refresh(time.Hour)
+		l.mu.Lock()
+		for _, n := range l.nodes {
+			if p, err := netip.ParseAddr(n.Logical); err == nil && n.ID == l.node {
+				l.selfAddr = p
+				l.mu.Unlock()
+				return p, true
+			}
 		}
+		l.fetchedAt = time.Time{} // not in the list we have: read it again
+		l.mu.Unlock()
 	}
 	return netip.Addr{}, false
 }

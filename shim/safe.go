@@ -33,6 +33,7 @@ const (
 	heartbeat      = 50 * time.Millisecond
 	deadAfter      = 400 * time.Millisecond
 	helloWait      = time.Second            // acceptor: wait this long for a radic hello
+	strangerWait   = 20 * time.Millisecond  // and this long from a peer on no known node
 	markerWait     = 200 * time.Millisecond // an EOF may arrive just before the close marker
 	dialEvery      = 50 * time.Millisecond  // reconnecting: a new dial this often
 	dialTimeout    = 500 * time.Millisecond // how long each dial may wait
@@ -63,7 +64,8 @@ type safeSockets struct {
 	byFd       map[int]*conn
 	byID       map[uint64]*conn
 	byPtr      map[*C.struct_radic_conn]*conn
-	pendingCtl map[uint64]net.Conn
+	pending    map[uint64]*pendingConn // control streams of connections not accepted yet
+	gone       map[uint64]bool         // connections closed and forgotten: a resume of one is refused
 	listeners  map[int]uint16
 	bound      map[int]netip.Addr // fds bound to the node's logical address (really the wildcard)
 	lingering  sync.WaitGroup
@@ -119,7 +121,7 @@ func newSafeSockets() *safeSockets {
 		noRetx: os.Getenv("RADIC_TEST_NO_RETX") == "1",
 		loc:    newLocator(daemon, job, node),
 		byFd:   map[int]*conn{}, byID: map[uint64]*conn{}, byPtr: map[*C.struct_radic_conn]*conn{},
-		pendingCtl: map[uint64]net.Conn{}, listeners: map[int]uint16{}, bound: map[int]netip.Addr{},
+		pending: map[uint64]*pendingConn{}, gone: map[uint64]bool{}, listeners: map[int]uint16{}, bound: map[int]netip.Addr{},
 	}
 	h := fnv.New64a()
 	h.Write([]byte(job))
@@ -208,20 +210,16 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 		return 0, 0, false
 	}
-	cur, isNode := s.loc.current(ap.Addr(), time.Hour)
-	if !isNode {
+	if _, _, isNode := s.loc.current(ap.Addr(), time.Hour); !isNode {
 		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 		return 0, 0, false // outside the cluster: untouched
-	}
-	loc, managed := s.loc.locate(ap)
-	if target, err := netip.ParseAddrPort(loc.Addr); managed && err == nil {
-		cur = target.Addr()
 	}
 	// A node of the cluster: the connection goes to where the node is now,
 	// and completes before the app sees it. A failed connect leaves the
 	// socket a candidate, for the app's retry.
-	if e := C.radic_sock_connect(C.int(fd), ip4(cur), C.uint16_t(ap.Port()), 120000); e < 0 {
-		return -1, int(-e), true
+	peer, cur, loc, managed, e := s.dial(fd, ap)
+	if e != 0 {
+		return -1, e, true
 	}
 	if !managed {
 		// The listener may have registered since the lookup: it does so
@@ -231,7 +229,6 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 			return 0, 0, true
 		}
 	}
-	target := netip.AddrPortFrom(cur, ap.Port())
 	id := uint64(s.lpid)<<32 | uint64(s.seq.Add(1)-1)
 	local, _ := sockName(fd, false)
 	self, okSelf := s.loc.self()
@@ -251,12 +248,64 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		return -1, int(syscall.ECONNRESET), true
 	}
 	ctl, _ := netip.ParseAddrPort(loc.Ctl)
-	c := s.newConn(fd, id, true, laddr, ap)
+	c := s.newConn(fd, id, true, laddr, peer)
 	c.ctlAddr = ctl
 	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
-	debugf("connection %s: connected to %s (now %s), peer rank %s", c, ap, target, loc.Lpid)
+	debugf("connection %s: connected to %s (now %s), peer rank %s", c, ap, netip.AddrPortFrom(cur, ap.Port()), loc.Lpid)
 	go c.openCtl(0)
 	return 0, 0, true
+}
+
+// Connect attempts to a node of the cluster: the first waits connectFirst,
+// each later one twice as long up to connectMax, all within connectTimeout.
+const (
+	connectFirst   = 100 * time.Millisecond
+	connectMax     = 2 * time.Second
+	connectTimeout = 120 * time.Second
+)
+
+// dial connects fd to the listener ap names, at the current address of
+// its node, and returns the peer's logical address, where it was reached
+// and its location. A node can move while a connect is on its way, and a
+// SYN to an address that is gone is lost without an answer: an attempt
+// that has not completed in time is abandoned, the node looked up again,
+// and the next attempt goes to where it is then. An error from an attempt
+// is the app's unless the node has moved since.
+func (s *safeSockets) dial(fd int, ap netip.AddrPort) (peer netip.AddrPort, cur netip.Addr, loc location, managed bool, errno int) {
+	deadline := time.Now().Add(connectTimeout)
+	wait, maxAge := connectFirst, time.Hour
+	for {
+		logical, at, ok := s.loc.current(ap.Addr(), maxAge)
+		if !ok {
+			return peer, cur, loc, false, int(syscall.EHOSTUNREACH)
+		}
+		peer = netip.AddrPortFrom(logical, ap.Port())
+		if loc, managed = s.loc.locate(ap); managed {
+			if target, err := netip.ParseAddrPort(loc.Addr); err == nil {
+				at = target.Addr()
+			}
+		}
+		moved := at != cur
+		if !moved && errno != 0 && errno != int(syscall.ETIMEDOUT) {
+			return peer, cur, loc, managed, errno
+		}
+		cur = at
+		left := time.Until(deadline)
+		if left <= 0 {
+			return peer, cur, loc, managed, int(syscall.ETIMEDOUT)
+		}
+		e := C.radic_sock_connect(C.int(fd), ip4(cur), C.uint16_t(ap.Port()), C.int(min(wait, left).Milliseconds()))
+		if e == 0 {
+			return peer, cur, loc, managed, 0
+		}
+		errno = int(-e)
+		if errno == int(syscall.ETIMEDOUT) {
+			C.radic_sock_disconnect(C.int(fd)) // abandon the SYN, keep the socket
+			debugf("fd %d: connect to %s (at %s) did not complete in %v: looking again", fd, ap, cur, min(wait, left))
+			wait = min(2*wait, connectMax)
+		}
+		maxAge = 0 // the node list may be behind the move
+	}
 }
 
 // bind keeps the app's logical address working when its node moves: a
@@ -333,26 +382,35 @@ func (s *safeSockets) listen(fd, backlog int) (int, int) {
 }
 
 // accept classifies a connection the app accepted on a radic listener: it
-// is managed when its first bytes are a radic hello of this job. A peer on
-// a cluster node gets helloWait to send them; anyone else is plain at once.
+// is managed when its first bytes are a radic hello of this job, or when
+// its initiator is already resuming it (the stream died before its hello
+// came through). A peer on a cluster node gets helloWait for either;
+// anyone else is plain at once.
 func (s *safeSockets) accept(lfd, fd int) {
 	peer, err := sockName(fd, true)
 	if err != nil {
 		return
 	}
-	// A peer on a node of the cluster gets helloWait to say hello; anyone
-	// else is only checked for one already there (a node that moved a
-	// moment ago may not be in our node list yet).
+	// A peer we do not know as a node may be one that moved a moment
+	// ago: read the node list again (our radicd hears of a move within
+	// milliseconds), and if it is still unknown give it only a short
+	// while, so that a client from outside that waits for the server to
+	// speak first is hardly delayed.
 	wait := helloWait
 	if _, ok := s.loc.nodeOf(peer.Addr()); !ok {
-		wait = time.Millisecond
+		s.loc.refresh(0)
+		if _, ok := s.loc.nodeOf(peer.Addr()); !ok {
+			wait = strangerWait
+		}
 	}
 	var buf [helloLen]byte
+	var id uint64
+	var paddr netip.AddrPort
 	deadline := time.Now().Add(wait)
 	for {
-		left := time.Until(deadline)
+		left := min(time.Until(deadline), 50*time.Millisecond)
 		if left <= 0 {
-			debugf("fd %d from %s: no radic hello within %v: plain TCP", fd, peer, helloWait)
+			debugf("fd %d from %s: no radic hello within %v: plain TCP", fd, peer, wait)
 			return
 		}
 		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, C.int(left.Milliseconds()+1)))
@@ -364,32 +422,41 @@ func (s *safeSockets) accept(lfd, fd int) {
 			return // someone else's protocol
 		}
 		if n == helloLen {
+			if binary.BigEndian.Uint64(buf[8:]) != s.jobHash {
+				logf("fd %d from %s: a radic hello from another job: plain TCP", fd, peer)
+				return
+			}
+			if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, 1000); e < 0 {
+				return
+			}
+			id = binary.BigEndian.Uint64(buf[16:])
+			paddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[24:28])), binary.BigEndian.Uint16(buf[28:]))
 			break
 		}
-		if n > 0 {
-			time.Sleep(time.Millisecond)
+		if rid, from, ok := s.resumeOf(peer); n == 0 && ok {
+			id, paddr = rid, netip.AddrPortFrom(from, peer.Port())
+			debugf("fd %d from %s: no hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
+			break
 		}
+		time.Sleep(time.Millisecond) // part of a hello, or an end of stream
 	}
-	if binary.BigEndian.Uint64(buf[8:]) != s.jobHash {
-		logf("fd %d from %s: a radic hello from another job: plain TCP", fd, peer)
-		return
-	}
-	if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, 1000); e < 0 {
-		return
-	}
-	id := binary.BigEndian.Uint64(buf[16:])
-	paddr := netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[24:28])), binary.BigEndian.Uint16(buf[28:]))
+	// The local end is this node's logical address, never the address the
+	// connection came in on: that is the node's current one, and a node
+	// list read before a move would not know it.
 	local, _ := sockName(fd, false)
-	laddr := netip.AddrPortFrom(s.loc.logical(local.Addr()), local.Port())
+	self, ok := s.loc.self()
+	if !ok {
+		self = s.loc.logical(local.Addr())
+	}
+	laddr := netip.AddrPortFrom(self, local.Port())
 	c := s.newConn(fd, id, false, laddr, paddr)
+	if c == nil {
+		return
+	}
 	c.ctlAddr = netip.AddrPortFrom(peer.Addr(), binary.BigEndian.Uint16(buf[30:]))
 	debugf("connection %s: accepted from %s", c, paddr)
-	s.mu.Lock()
-	nc := s.pendingCtl[id]
-	delete(s.pendingCtl, id)
-	s.mu.Unlock()
-	if nc != nil {
-		c.attachCtl(nc, 0)
+	if p := s.takePending(id); p != nil {
+		p.adopt(c)
 	}
 }
 

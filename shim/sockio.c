@@ -89,6 +89,14 @@ int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms)
 	return e;
 }
 
+/* Abandons a connect still on its way (Linux: connect to AF_UNSPEC makes
+ * the socket unconnected again, keeping what the app bound). */
+void radic_sock_disconnect(int fd)
+{
+	struct sockaddr a = {.sa_family = AF_UNSPEC};
+	REAL(connect)(fd, &a, sizeof a);
+}
+
 int radic_sock_write_full(int fd, const void *p, size_t n, int timeout_ms)
 {
 	long deadline = now_ms() + timeout_ms;
@@ -167,6 +175,21 @@ int radic_sock_bind(int fd, uint32_t ip, uint16_t port)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = {ip}};
 	return REAL(bind)(fd, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
+}
+
+/* 1 if ip (network order) is an address of this host's namespace, 0 if it
+ * is not (any more), -errno if that cannot be told. */
+int radic_addr_is_local(uint32_t ip)
+{
+	int fd = REAL(socket)(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr = {ip}};
+	int r = REAL(bind)(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 1
+		: errno == EADDRNOTAVAIL				   ? 0
+									   : -errno;
+	syscall(SYS_close, fd);
+	return r;
 }
 
 /* Writes ip:port as the app's sockaddr (truncated to *len, as the kernel

@@ -8,11 +8,13 @@
 
 int radic_sock_dial(uint32_t ip, uint16_t port, int timeout_ms);
 int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms);
+void radic_sock_disconnect(int fd);
 int radic_sock_write_full(int fd, const void *p, size_t n, int timeout_ms);
 int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms);
 int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms);
 int radic_sock_name(int fd, int peer, uint32_t *ip, uint16_t *port);
 int radic_sock_bind(int fd, uint32_t ip, uint16_t port);
+int radic_addr_is_local(uint32_t ip);
 int radic_sock_fill(void *sa, socklen_t *len, uint32_t ip, uint16_t port);
 int radic_sock_listen(int fd, int backlog);
 int radic_sock_dup(int fd);

@@ -8,6 +8,13 @@
  *   addrs rank R conn K accept=IP:PORT peer=IP:PORT self=IP:PORT
  *
  * (accept= only on rank 0: what accept() wrote), exchange a byte and close.
+ * The byte is read with recvmsg (rank 0) or recvfrom (rank 1) with room
+ * for a sender's address, and the length they report is printed:
+ *
+ *   addrs rank R conn K namelen=N      (TCP names no sender: N is 0)
+ *
+ *   addrs [CONNS [PAUSE_US]]   CONNS connections (default 2); rank 1 sleeps
+ *                              PAUSE_US microseconds after each one (default 0)
  */
 #include "common.h"
 
@@ -43,10 +50,32 @@ static void report(int rank, int k, int fd, const struct sockaddr_in *accepted)
 	fflush(stdout);
 }
 
+/* Reads the byte with recvmsg or recvfrom and says how long a sender's
+ * address they reported. */
+static void read_byte(int rank, int k, int fd, char *b)
+{
+	struct sockaddr_in from;
+	socklen_t fl = sizeof from;
+	ssize_t r;
+	if (rank == 0) {
+		struct iovec v = {b, 1};
+		struct msghdr m = {.msg_name = &from, .msg_namelen = fl, .msg_iov = &v, .msg_iovlen = 1};
+		r = recvmsg(fd, &m, MSG_WAITALL);
+		fl = m.msg_namelen;
+	} else {
+		r = recvfrom(fd, b, 1, MSG_WAITALL, (struct sockaddr *)&from, &fl);
+	}
+	if (r != 1)
+		die("read byte: %s", r < 0 ? strerror(errno) : "end of stream");
+	printf("addrs rank %d conn %d namelen=%u\n", rank, k, (unsigned)fl);
+	fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
 	struct job j;
 	int conns = argc > 1 ? atoi(argv[1]) : 2;
+	useconds_t pause_us = argc > 2 ? (useconds_t)atoi(argv[2]) : 0;
 	job_init(&j, "addrs");
 	if (j.size != 2)
 		die("run with --np 2");
@@ -62,7 +91,7 @@ int main(int argc, char **argv)
 			uint32_t hello[2];
 			read_full(fd, hello, sizeof hello, "hello");
 			report(0, k, fd, &a);
-			read_full(fd, &b, 1, "byte");
+			read_byte(0, k, fd, &b);
 			write_full(fd, &b, 1, "byte");
 			close(fd);
 		}
@@ -76,8 +105,10 @@ int main(int argc, char **argv)
 		int fd = job_connect(&j, 0, 0, 30);
 		report(1, k, fd, NULL);
 		write_full(fd, &b, 1, "byte");
-		read_full(fd, &b, 1, "byte");
+		read_byte(1, k, fd, &b);
 		close(fd);
+		if (pause_us > 0)
+			usleep(pause_us);
 	}
 	return 0;
 }
