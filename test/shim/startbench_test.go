@@ -15,7 +15,8 @@ import (
 // uses a socket (issue 9): its start and exit. A shell running /bin/true
 // 1000 times and `make -j4` with 400 trivial recipes, bare and preloaded
 // (plain LD_PRELOAD: Go is never loaded), alternating, medians of the
-// runs, against the goal <= 1.10x. The start of a test-mode process
+// runs, against the goal <= 1.10x. An empty library preloaded in front of
+// the same loop shows what any LD_PRELOAD costs here. The start of a test-mode process
 // (RADIC_TEST_MANAGE=1: the Go control plane is loaded) is shown too,
 // without a goal. Timing is reported, never failed on.
 func BenchmarkStartCost(b *testing.B) {
@@ -35,6 +36,15 @@ func BenchmarkStartCost(b *testing.B) {
 	if err := os.WriteFile(makefile, []byte(mk.String()), 0o644); err != nil {
 		b.Fatal(err)
 	}
+	// The floor: what any LD_PRELOAD costs, an empty library.
+	empty := filepath.Join(dir, "empty.so")
+	src := filepath.Join(dir, "empty.c")
+	if err := os.WriteFile(src, []byte("int radic_bench_empty;\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if r := run(b, time.Minute, nil, "cc", "-shared", "-fPIC", "-o", empty, src); !r.ok() {
+		b.Fatalf("building an empty preload library:\n%v", r)
+	}
 	trueLoop := func(n int) []string {
 		return []string{"sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do /bin/true; i=$((i+1)); done", n)}
 	}
@@ -46,6 +56,7 @@ func BenchmarkStartCost(b *testing.B) {
 	}
 	works := []work{
 		{"sh: /bin/true x1000", "<= 1.10", 1001, trueLoop(1000), []string{preloadEnv(lib)}},
+		{"empty preload: x1000", "(floor)", 1001, trueLoop(1000), []string{preloadEnv(empty)}},
 		{"make -j4, 400 recipes", "<= 1.10", 401, []string{"make", "-s", "-j4", "-f", makefile}, []string{preloadEnv(lib)}},
 		{"test mode: /bin/true x200", "(report)", 201, trueLoop(200), []string{preloadEnv(lib), "RADIC_TEST_MANAGE=1"}},
 	}
