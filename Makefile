@@ -17,28 +17,38 @@ BUILD_TARGETS :=
 # Fragments of the parts (cluster, radicd, tests...) add to BUILD_TARGETS.
 -include mk/*.mk
 
-SHIM_SRC := $(wildcard shim/*.go shim/*.c shim/*.h shim/*.map)
+SHIM_C_SRC  := $(wildcard shim/c/*.c shim/c/*.h shim/c/*.map)
+SHIM_GO_SRC := $(wildcard shim/*.go shim/*.c shim/*.h shim/*.map) $(wildcard shim/c/*.h)
 
 .PHONY: all deps test bench demo check soak clean
-all: lib/libradic.so bin/radicd bin/radic $(BUILD_TARGETS)
+all: lib/libradic.so lib/libradic-go.so bin/radicd bin/radic $(BUILD_TARGETS)
 
-# The preload library: cgo, c-shared, netgo (no libc resolver from Go), and a
-# version script so that only the interposed symbols are exported.
-lib/libradic.so: $(SHIM_SRC) go.mod
+# The preload library is two: lib/libradic.so, plain C (the trampolines, the
+# fd table, the safe sockets' data path), is what LD_PRELOAD names; it loads
+# lib/libradic-go.so, the Go control plane (cgo, c-shared, netgo: no libc
+# resolver from Go), only in a process that is to be managed (RADIC_JOB or
+# RADIC_TEST_MANAGE=1). Version scripts keep everything else local.
+SHIM_CFLAGS  := -O2 -g -fPIC -fno-semantic-interposition $(CWARN) -D_GNU_SOURCE
+SHIM_LDFLAGS := -shared -Wl,-soname,libradic.so -Wl,--version-script=$(CURDIR)/shim/c/libradic.map \
+		-ldl -pthread
+
+lib/libradic.so: $(SHIM_C_SRC)
 	@mkdir -p lib
-	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -tags netgo -trimpath \
-		-ldflags='-extldflags=-Wl,--version-script=$(CURDIR)/shim/libradic.map' \
-		-o $@ ./shim
-	@rm -f lib/libradic.h
+	$(CC) $(SHIM_CFLAGS) -o $@ $(filter %.c,$^) $(SHIM_LDFLAGS)
 
 # A deliberately broken shim used by the tests to prove they can see a fault:
-# the read/recv trampolines drop one byte now and then.
-lib/libradic-broken.so: $(SHIM_SRC) go.mod
+# the read/recv trampolines drop one byte now and then. It loads the same
+# lib/libradic-go.so (beside it), which binds to it by its soname.
+lib/libradic-broken.so: $(SHIM_C_SRC)
 	@mkdir -p lib
-	CGO_ENABLED=1 CGO_CFLAGS='-O2 -g -DRADIC_FAULT_DROP_BYTES' $(GO) build -buildmode=c-shared -tags netgo -trimpath \
-		-ldflags='-extldflags=-Wl,--version-script=$(CURDIR)/shim/libradic.map' \
+	$(CC) $(SHIM_CFLAGS) -DRADIC_FAULT_DROP_BYTES -o $@ $(filter %.c,$^) $(SHIM_LDFLAGS)
+
+lib/libradic-go.so: $(SHIM_GO_SRC) lib/libradic.so go.mod
+	@mkdir -p lib
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -tags netgo -trimpath \
+		-ldflags='-extldflags=-Wl,--version-script=$(CURDIR)/shim/libradic-go.map' \
 		-o $@ ./shim
-	@rm -f lib/libradic-broken.h
+	@rm -f lib/libradic-go.h
 
 bin/%: FORCE
 	@mkdir -p bin

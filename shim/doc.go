@@ -1,8 +1,12 @@
-// Command shim builds libradic.so, the LD_PRELOAD library that puts a
-// process under radic (`go build -buildmode=c-shared`, see the Makefile).
+// Command shim builds libradic-go.so, the Go control plane of the LD_PRELOAD
+// library that puts a process under radic (`go build -buildmode=c-shared`,
+// see the Makefile).
 //
-// The library has two halves. The C half (shim.h, core.c, trampolines.c,
-// process.c) interposes libc: socket, connect, accept, send/recv and
+// The library has two halves, each a shared object. The C half,
+// libradic.so (c/: shim.h, core.c, trampolines.c, process.c, conn.c), is
+// what LD_PRELOAD names, and loads this Go half only in a process that is
+// to be managed (RADIC_JOB or RADIC_TEST_MANAGE=1), before main(), with
+// every signal blocked (see radic_load_go in c/core.c). It interposes libc: socket, connect, accept, send/recv and
 // read/write families, close and dup, fcntl, ioctl, poll/select/epoll, fork,
 // exec and signals. Each trampoline looks the fd up in a C table and, when
 // the fd is not managed, makes the real libc call at once: pipes, files,

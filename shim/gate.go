@@ -9,8 +9,8 @@
 package main
 
 /*
-#cgo CFLAGS: -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter
-#cgo LDFLAGS: -ldl
+#cgo CFLAGS: -I${SRCDIR}/c -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter
+#cgo LDFLAGS: -L${SRCDIR}/../lib -lradic -ldl
 #include "shim.h"
 */
 import "C"
@@ -36,16 +36,15 @@ var gate struct {
 	counts     [C.RADIC_OP_COUNT]atomic.Uint64
 }
 
+// init runs while libradic.so waits for it in radic_load_go, before the
+// program's main(), with every signal blocked and the low fd numbers held:
+// whatever fds Go makes here land above them.
 func init() {
 	gate.policy = C.RADIC_MANAGE_NONE
 	if os.Getenv("RADIC_TEST_MANAGE") != "1" && os.Getenv("RADIC_JOB") != "" {
 		// A rank of a radic job: its connections to the job's other
-		// processes become safe sockets. The control plane's fds (the
-		// poller's, the control listener) go above the low numbers.
-		C.radic_reserve_low_fds()
+		// processes become safe sockets.
 		safe = newSafeSockets()
-		C.radic_release_low_fds()
-		C.radic_protect_runtime_fds()
 		if safe != nil {
 			gate.policy = C.RADIC_MANAGE_JOB
 		}
@@ -54,12 +53,9 @@ func init() {
 		gate.countsPath = os.Getenv("RADIC_TEST_COUNTS")
 		// Managed sockets will need Go's poller, whose fds the process
 		// must not be able to close or replace. Start it now (a timer
-		// does), above the low fd numbers programs reuse, and protect
-		// its fds, so tests exercise that protection.
-		C.radic_reserve_low_fds()
+		// does), while the low fd numbers are held, so that
+		// libradic.so protects its fds and tests exercise that.
 		time.AfterFunc(time.Hour, func() {})
-		C.radic_release_low_fds()
-		C.radic_protect_runtime_fds()
 	}
 	C.radic_set_ready(gate.policy)
 }
@@ -90,7 +86,8 @@ func radicGoCall(c *C.struct_radic_call) C.int {
 }
 
 // radicGoPing does nothing: calling it from C waits until Go's package
-// init has run (cgo holds every call into Go until then).
+// init has run (cgo holds every call into Go until then). libradic.so
+// calls it right after loading this library.
 //
 //export radicGoPing
 func radicGoPing() {}

@@ -39,7 +39,24 @@ func parseNodeList(s string) ([]int, error) {
 
 // findLib locates libradic.so: the flag, then $RADIC_LIB, then
 // ../lib/libradic.so relative to this binary (the layout `make` builds).
+// The ranks' libradic.so loads its Go half, libradic-go.so, from beside it
+// (or $RADIC_GO_LIB), so that must be there too.
 func findLib(flagValue string) (string, error) {
+	lib, err := findCLib(flagValue)
+	if err != nil {
+		return "", err
+	}
+	goLib := os.Getenv("RADIC_GO_LIB")
+	if goLib == "" {
+		goLib = filepath.Join(filepath.Dir(lib), "libradic-go.so")
+	}
+	if _, err := os.Stat(goLib); err != nil {
+		return "", fmt.Errorf("the Go half of %s: %w (build it with `make`)", lib, err)
+	}
+	return lib, nil
+}
+
+func findCLib(flagValue string) (string, error) {
 	var tried []string
 	for _, p := range []string{flagValue, os.Getenv("RADIC_LIB")} {
 		if p == "" {

@@ -64,8 +64,17 @@ func Artifact(t testing.TB, rel string) string {
 	return p
 }
 
-// Lib is the path of the preload library.
-func Lib(t testing.TB) string { return Artifact(t, "lib/libradic.so") }
+// Lib is the path of the preload library, lib/libradic.so. Its Go half,
+// lib/libradic-go.so, which it loads beside itself in managed processes,
+// must be built too.
+func Lib(t testing.TB) string {
+	t.Helper()
+	GoLib(t)
+	return Artifact(t, "lib/libradic.so")
+}
+
+// GoLib is the path of the preload library's Go control plane.
+func GoLib(t testing.TB) string { return Artifact(t, "lib/libradic-go.so") }
 
 // RequireRoot skips the test, saying why, when not running as root.
 func RequireRoot(t testing.TB) {

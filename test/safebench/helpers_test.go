@@ -117,22 +117,31 @@ func newCluster(b *testing.B) *bc {
 		os.RemoveAll(dir)
 	})
 	// Every managed run of the benchmark preloads one and the same
-	// library: a copy of lib/libradic.so as it is now (a rebuild while the
-	// benchmark runs must not mix two versions into one table).
+	// library: a copy of lib/libradic.so and of its Go half,
+	// lib/libradic-go.so (loaded from beside it), as they are now (a
+	// rebuild while the benchmark runs must not mix two versions into one
+	// table).
 	lib, err := os.ReadFile(testenv.Lib(b))
 	if err != nil {
 		b.Fatal(err)
 	}
+	goLib, err := os.ReadFile(testenv.GoLib(b))
+	if err != nil {
+		b.Fatal(err)
+	}
 	var libTime time.Time
-	if fi, err := os.Stat(testenv.Lib(b)); err == nil {
+	if fi, err := os.Stat(testenv.GoLib(b)); err == nil {
 		libTime = fi.ModTime()
 	}
 	libCopy := filepath.Join(dir, "libradic.so")
 	if err := os.WriteFile(libCopy, lib, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	sum := sha256.Sum256(lib)
-	c.lib = fmt.Sprintf("lib/libradic.so of %s, sha256 %x...", libTime.Format("15:04:05"), sum[:6])
+	if err := os.WriteFile(filepath.Join(dir, "libradic-go.so"), goLib, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	sum := sha256.Sum256(append(lib, goLib...))
+	c.lib = fmt.Sprintf("lib/libradic.so + libradic-go.so of %s, sha256 %x...", libTime.Format("15:04:05"), sum[:6])
 	c.env = append(os.Environ(), "RADIC_STATE_DIR="+dir, "RADIC_LIB="+libCopy)
 	b.Logf("managed runs preload a copy of %s", c.lib)
 	// No cut may get a node declared dead or fenced (a node cut off from

@@ -13,7 +13,6 @@
  */
 #include "shim.h"
 #include "conn.h"
-#include "_cgo_export.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -308,7 +307,7 @@ static int report(struct radic_conn *c, uint32_t gen, int err, int eof, int nonb
 	if (!radic_go_allowed())
 		return 0;
 	radic_in_shim = 1;
-	int r = radic_go_broken(c, gen, err, eof, nonblock);
+	int r = radic_go.broken(c, gen, err, eof, nonblock);
 	radic_in_shim = 0;
 	return r;
 }
@@ -321,7 +320,7 @@ static void ask_room(struct radic_conn *c)
 		return;
 	}
 	radic_in_shim = 1;
-	radic_go_wait_room(c);
+	radic_go.wait_room(c);
 	radic_in_shim = 0;
 }
 
@@ -490,7 +489,7 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 	pthread_mutex_unlock(&c->rlock);
 	if (ack && radic_go_allowed()) {
 		radic_in_shim = 1;
-		radic_go_ack_due(c);
+		radic_go.ack_due(c);
 		radic_in_shim = 0;
 	}
 	if (done > 0 || err == 0)

@@ -1,5 +1,5 @@
 /*
- * shim.h — the C side of libradic.so.
+ * shim.h — libradic.so, the C library that is preloaded.
  *
  * The preload library interposes libc's socket, I/O, waiting and process
  * calls. Every trampoline first asks one question in C: is this fd managed?
@@ -12,6 +12,13 @@
  * runtime has finished init, this thread is not already inside the shim
  * (reentrancy guard), and this is the process that loaded the library (not a
  * fork or vfork child: Go's threads do not exist there).
+ *
+ * The Go control plane is a library of its own, libradic-go.so, which this
+ * one loads only in a process that is to be managed (RADIC_JOB or
+ * RADIC_TEST_MANAGE=1; see radic_load_go in core.c). Every other process
+ * runs C only: no Go runtime, no threads, fds or signal handlers of its.
+ * The Go library links against the radic_* symbols exported here; this one
+ * reaches Go through the pointers in radic_go.
  */
 #ifndef RADIC_SHIM_H
 #define RADIC_SHIM_H
@@ -21,6 +28,7 @@
 #endif
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stddef.h>
@@ -107,6 +115,7 @@
 	X(int, fexecve, (int, char *const[], char *const[]))                                \
 	X(void, _exit, (int))                                                                \
 	X(int, sigaction, (int, const struct sigaction *, struct sigaction *))              \
+	X(int, pthread_create, (pthread_t *, const pthread_attr_t *, void *(*)(void *), void *)) \
 	X(int, __libc_start_main, (int (*)(int, char **, char **), int, char **,            \
 				   void (*)(void), void (*)(void), void (*)(void), void *))
 
@@ -189,7 +198,20 @@ enum {
 };
 extern int radic_manage_policy;
 
-extern int radic_go_ready;
+/* Go's entry points, found with dlsym once libradic-go.so is loaded. Only
+ * called when radic_go_allowed(). */
+struct radic_conn;
+struct radic_go_table {
+	int (*call)(struct radic_call *);  /* radicGoCall */
+	void (*ping)(void);                /* radicGoPing: waits for Go's init */
+	void (*exit)(void);                /* radicGoExit */
+	int (*broken)(struct radic_conn *, uint32_t, int, int, int); /* radic_go_broken */
+	void (*wait_room)(struct radic_conn *);                      /* radic_go_wait_room */
+	void (*ack_due)(struct radic_conn *);                        /* radic_go_ack_due */
+};
+extern struct radic_go_table radic_go;
+
+extern int radic_go_ready; /* Go is loaded, its init has run, radic_go is filled */
 extern int radic_in_child; /* a fork child: C-only, plain calls */
 extern char radic_lpid[64]; /* this process's logical id in its job ("" outside one) */
 extern pid_t radic_owner_pid;
@@ -197,7 +219,7 @@ extern RADIC_TLS int radic_in_shim;
 
 const char *radic_op_name(int op);
 int radic_enter(struct radic_call *c);
-void radic_set_ready(int policy);
+void radic_set_ready(int policy); /* Go's init: the policy it chose */
 void radic_protect_runtime_fds(void);
 void radic_reserve_low_fds(void);
 void radic_release_low_fds(void);

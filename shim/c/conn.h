@@ -112,6 +112,7 @@ void radic_conn_set_names(struct radic_conn *c, uint32_t lip, uint16_t lport, ui
 			  uint16_t pport);
 
 /* Go's side of the data path is exported from Go (see safe.go):
- * radic_go_broken, radic_go_wait_room, radic_go_ack_due. */
+ * radic_go_broken, radic_go_wait_room, radic_go_ack_due, called through
+ * radic_go (shim.h). */
 
 #endif
