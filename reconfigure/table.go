@@ -134,6 +134,17 @@ func (t *Table) Move(id int, addr netip.Addr, gen uint64) (moved bool, err error
 	return true, nil
 }
 
+// Earlier returns the addresses node id had before its current one,
+// oldest first (at most maxHistory).
+func (t *Table) Earlier(id int) []netip.Addr {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if e, ok := t.nodes[id]; ok {
+		return slices.Clone(e.history)
+	}
+	return nil
+}
+
 // Node returns node id.
 func (t *Table) Node(id int) (Node, bool) {
 	t.mu.RLock()

@@ -2,6 +2,7 @@ package reconfigure
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -318,5 +319,27 @@ func TestWire(t *testing.T) {
 	}
 	if _, err := (LocateReply{Managed: true, Addr: "x"}).Location(); err == nil {
 		t.Error("a bad reply parsed")
+	}
+}
+
+// TestEarlier: the addresses a node had before, oldest first, without the
+// current one, bounded; what GET /v1/nodes serves so that a connection made
+// just before a move is still known to come from the node.
+func TestEarlier(t *testing.T) {
+	tb := cluster3(t)
+	if got := tb.Earlier(1); len(got) != 0 {
+		t.Fatalf("a node that never moved has earlier addresses %v", got)
+	}
+	for g := uint64(1); g <= maxHistory+2; g++ {
+		if _, err := tb.Move(1, ip(fmt.Sprintf("10.77.%d.2", g)), g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := tb.Earlier(1)
+	if len(got) != maxHistory || got[0] != ip("10.77.2.2") || got[maxHistory-1] != ip(fmt.Sprintf("10.77.%d.2", maxHistory+1)) {
+		t.Fatalf("earlier addresses after %d moves: %v; want the last %d before the current one, oldest first", maxHistory+2, got, maxHistory)
+	}
+	if tb.Earlier(99) != nil {
+		t.Fatal("an unknown node has earlier addresses")
 	}
 }

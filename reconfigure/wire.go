@@ -37,6 +37,9 @@ type NodeInfo struct {
 	Logical string `json:"logical"`
 	Addr    string `json:"addr"`
 	Gen     uint64 `json:"gen"`
+	// Earlier current addresses, oldest first: a connection made just
+	// before a move still comes from one of them.
+	Earlier []string `json:"earlier,omitempty"`
 }
 
 // NodesReply is the body of GET /v1/nodes.

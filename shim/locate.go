@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 )
@@ -28,10 +29,11 @@ type locator struct {
 
 // nodeRecord is one node of the cluster as radicd's GET /v1/nodes gives it.
 type nodeRecord struct {
-	ID      int    `json:"id"`
-	Logical string `json:"logical"`
-	Addr    string `json:"addr"`
-	Gen     int    `json:"gen"`
+	ID      int      `json:"id"`
+	Logical string   `json:"logical"`
+	Addr    string   `json:"addr"`
+	Gen     int      `json:"gen"`
+	Earlier []string `json:"earlier"` // addresses it had before
 }
 
 // location is GET /v1/locate's answer.
@@ -88,14 +90,17 @@ func (l *locator) refresh(interval time.Duration) {
 	l.mu.Unlock()
 }
 
-// nodeOf finds the node that has ip as its logical or current address.
+// nodeOf finds the node that has ip as its logical or current address,
+// or had it before (a connection made just before a move comes from there).
 func (l *locator) nodeOf(ip netip.Addr) (nodeRecord, bool) {
 	for pass := 0; pass < 2; pass++ {
 		l.mu.Lock()
-		for _, n := range l.nodes {
-			if n.Logical == ip.String() || n.Addr == ip.String() {
-				l.mu.Unlock()
-				return n, true
+		for _, earlier := range []bool{false, true} { // a node's address now beats one's history
+			for _, n := range l.nodes {
+				if n.Logical == ip.String() || n.Addr == ip.String() || (earlier && slices.Contains(n.Earlier, ip.String())) {
+					l.mu.Unlock()
+					return n, true
+				}
 			}
 		}
 		l.mu.Unlock()

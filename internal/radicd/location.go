@@ -222,7 +222,11 @@ func decodeBody(r *http.Request, v any) error {
 func (l *locator) handleNodes(w http.ResponseWriter, _ *http.Request) {
 	rep := reconfigure.NodesReply{Nodes: []reconfigure.NodeInfo{}}
 	for _, n := range l.table.Nodes() {
-		rep.Nodes = append(rep.Nodes, n.Info())
+		info := n.Info()
+		for _, a := range l.table.Earlier(n.ID) {
+			info.Earlier = append(info.Earlier, a.String())
+		}
+		rep.Nodes = append(rep.Nodes, info)
 	}
 	writeJSON(w, rep)
 }
