@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -403,7 +404,7 @@ func TestReaddressIsNotAFailure(t *testing.T) {
 				var nodes reconfigure.NodesReply
 				_, err := getJSON("http://"+d+reconfigure.PathNodes, &nodes)
 				last[k] = fmt.Sprintf("%+v %v", nodes, err)
-				if err == nil && len(nodes.Nodes) == 3 && nodes.Nodes[1] == (reconfigure.NodeInfo{ID: 1, Logical: logical, Addr: newAddr, Gen: 1}) {
+				if err == nil && len(nodes.Nodes) == 3 && reflect.DeepEqual(nodes.Nodes[1], reconfigure.NodeInfo{ID: 1, Logical: logical, Addr: newAddr, Gen: 1, Earlier: []string{logical}}) {
 					delete(pending, k)
 					t.Logf("node %d knows node 1's new address %v after the readdress", id, time.Since(t0).Round(time.Millisecond))
 				}
