@@ -122,7 +122,8 @@ exec iperf3 -c "$ip" -p "$port" -t 8 --forceflush`
 	j.waitFor(regexp.MustCompile(`\[rank 1\] \[\s*\d+\]\s+2\.00-3\.00\s+sec`), time.Minute)
 	j.mustRun("the cut")
 	c.fault(j, "cut-link", "0", "--for", "3s")
-	code := j.wait(2 * time.Minute)
+	j.stalled = func() { c.dumpStall(jb) }
+	code := j.wait(time.Minute) // 8 s of traffic and a 3 s cut
 	out := j.out.String()
 	if code != 0 || !strings.Contains(out, "[rank 1] iperf Done.") {
 		t.Errorf("iperf3 across a 3 s cut: exit status %d (want 0), client done: %v", code, strings.Contains(out, "[rank 1] iperf Done."))

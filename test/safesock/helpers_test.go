@@ -352,6 +352,9 @@ type job struct {
 	done   chan struct{}
 	err    error
 	launch time.Time
+	// stalled, if set, is called when the job has not ended in time,
+	// before it is stopped: what it logs is what a hang looked like.
+	stalled func()
 }
 
 // start launches `radic run ... --tag-output -- ARGV...`. The job is
@@ -451,6 +454,9 @@ func (j *job) wait(timeout time.Duration) int {
 	case <-j.done:
 	case <-time.After(timeout):
 		j.t.Errorf("%s did not end within %v (stopping it)", j.what, timeout)
+		if j.stalled != nil {
+			j.stalled()
+		}
 		j.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-j.done:
@@ -712,4 +718,32 @@ func execStream(t *testing.T, prog string, args ...string) *exec.Cmd {
 	cmd.Env = cleanEnv()
 	cmd.WaitDelay = time.Second
 	return cmd
+}
+
+// dumpStall logs, for a job that hangs, every node's TCP sockets with their
+// queues and timers (`ss -tnie` in its namespace) and what each thread of
+// the ranks is doing (state, kernel wait channel, system call): whether
+// bytes sit at the receiver, at the sender, or nowhere.
+func (c *tc) dumpStall(jb cluster.Job) {
+	for _, n := range c.state().Nodes {
+		out, err := exec.Command("ip", "netns", "exec", n.Netns, "ss", "-tnie").CombinedOutput()
+		c.t.Logf("sockets of node %d (%v):\n%s", n.ID, err, out)
+	}
+	for _, r := range jb.Ranks {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", r.Proc.Pid))
+		var b strings.Builder
+		for _, task := range tasks {
+			comm, _ := os.ReadFile(task + "/comm")
+			wchan, _ := os.ReadFile(task + "/wchan")
+			sc, _ := os.ReadFile(task + "/syscall")
+			fmt.Fprintf(&b, "%s %s wchan=%s syscall=%s\n", filepath.Base(task), strings.TrimSpace(string(comm)), wchan, strings.TrimSpace(string(sc)))
+		}
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", r.Proc.Pid))
+		for _, fd := range fds {
+			if l, err := os.Readlink(fd); err == nil {
+				fmt.Fprintf(&b, "fd %s -> %s\n", filepath.Base(fd), l)
+			}
+		}
+		c.t.Logf("rank %d (pid %d) threads and fds:\n%s", r.Rank, r.Proc.Pid, b.String())
+	}
 }
