@@ -433,10 +433,12 @@ func (s *safeSockets) accept(lfd, fd int) {
 			paddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[24:28])), binary.BigEndian.Uint16(buf[28:]))
 			break
 		}
-		if rid, from, ok := s.resumeOf(peer); n == 0 && ok {
-			id, paddr = rid, netip.AddrPortFrom(from, peer.Port())
-			debugf("fd %d from %s: no hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
-			break
+		if n == 0 {
+			if rid, from, ok := s.resumeOf(peer); ok {
+				id, paddr = rid, netip.AddrPortFrom(from, peer.Port())
+				debugf("fd %d from %s: no hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
+				break
+			}
 		}
 		time.Sleep(time.Millisecond) // part of a hello, or an end of stream
 	}
