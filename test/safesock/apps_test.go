@@ -48,7 +48,8 @@ func appFaults(t *testing.T, app string, args ...string) {
 	ref := appReference(t, app, args...)
 	c := newCluster(t, 4)
 	j := c.start(runOpts{np: 4, what: app}, append([]string{testenv.Artifact(t, "build/apps/"+app)}, args...)...)
-	c.waitRanks(4)
+	jb := c.waitRanks(4)
+	j.stalled = func() { c.dumpStall(jb) }
 	time.Sleep(time.Second)
 	for _, n := range []string{"1", "3"} {
 		j.mustRun("cut-link " + n)
