@@ -523,7 +523,13 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 		for (nfds_t i = 0; i < n; i++) {
 			p[i] = fds[i];
 			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
-			int st = c ? load_state(c) : RADIC_CONN_UP;
+			int st = RADIC_CONN_UP;
+			if (c) {
+				radic_conn_hold(c);
+				st = __atomic_load_n(&c->state, __ATOMIC_SEQ_CST);
+				if (st != RADIC_CONN_UP)
+					radic_conn_unhold(c); /* its socket is not polled */
+			}
 			if (st == RADIC_CONN_BROKEN) {
 				p[i].fd = c->wake_fd;
 				p[i].events = POLLIN;
@@ -540,6 +546,11 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 		r = REAL(poll)(p, n, tmo);
 		if (mask)
 			pthread_sigmask(SIG_SETMASK, &old, NULL);
+		for (nfds_t i = 0; i < n; i++) {
+			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
+			if (c && p[i].fd == fds[i].fd)
+				radic_conn_unhold(c);
+		}
 		if (r < 0)
 			break;
 		int woke = 0;
@@ -704,7 +715,7 @@ void radic_conn_release(struct radic_conn *c)
 static void set_state(struct radic_conn *c, int from, int to)
 {
 	if (from == RADIC_CONN_UP && to != RADIC_CONN_UP)
-		__atomic_add_fetch(&radic_unready, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&radic_unready, 1, __ATOMIC_SEQ_CST); /* pairs with radic_conn_hold */
 	if (from != RADIC_CONN_UP && to == RADIC_CONN_UP)
 		__atomic_sub_fetch(&radic_unready, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&c->state, to, __ATOMIC_RELEASE);
@@ -745,6 +756,33 @@ void radic_conn_barrier(struct radic_conn *c)
 }
 
 /*
+ * Waits until no poll or select holds the connection's old socket.
+ *
+ * The break's shutdown woke every such wait, but one that has not looked
+ * again yet must not find another socket under the fd: the kernel's poll
+ * and select read the fds anew on every look, yet stay queued only on the
+ * files of their first one, so the wait would sleep through the new
+ * socket's data (a standalone test: 200 of 200 polls did, until their
+ * timeout). Once the holders are out, those that come back see the
+ * connection BROKEN and wait on its wake fd instead.
+ *
+ * A wait that the shutdown cannot end (a select on exceptional conditions
+ * only) is given up on after a second.
+ */
+static void await_pollers(struct radic_conn *c)
+{
+	for (int i = 0; __atomic_load_n(&c->pollers, __ATOMIC_SEQ_CST) > 0; i++) {
+		if (i == 2000) {
+			radic_logf("connection %llu: a wait on its old socket did not end; swapping anyway",
+				   (unsigned long long)c->id);
+			return;
+		}
+		struct timespec ts = {0, 500 * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+/*
  * Puts sock under every fd of the connection, restores the app's flags and
  * epoll registrations, and resumes sending at resume_at (the peer's
  * delivered offset). sock is left open (the caller closes it). Returns 0,
@@ -752,6 +790,7 @@ void radic_conn_barrier(struct radic_conn *c)
  */
 int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at)
 {
+	await_pollers(c);
 	pthread_mutex_lock(&c->wlock);
 	pthread_mutex_lock(&c->rlock);
 	pthread_mutex_lock(&c->eplock);

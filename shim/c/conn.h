@@ -69,6 +69,11 @@ struct radic_conn {
 	struct sockaddr_in laddr, paddr; /* the logical addresses the app sees */
 	int nep;
 	struct radic_epreg ep[RADIC_EP_MAX];
+
+	/* Threads in a poll or select with this connection's socket in the
+	 * kernel's wait (atomic): a swap waits for them to leave (see
+	 * radic_conn_swap). */
+	int pollers;
 };
 
 extern struct radic_conn *radic_conns[];
@@ -79,6 +84,22 @@ static inline struct radic_conn *radic_conn_of(int fd)
 {
 	return (unsigned)fd < (1u << 16) ? __atomic_load_n(&radic_conns[fd], __ATOMIC_ACQUIRE)
 					 : NULL;
+}
+
+/*
+ * A waiting call that hands a connection's fd itself to the kernel's poll
+ * or select holds the connection around that call. Hold first, then check
+ * that the connection is UP (radic_unready, or its state, read after the
+ * hold): a break that the check misses is then sure to see the hold.
+ */
+static inline void radic_conn_hold(struct radic_conn *c)
+{
+	__atomic_add_fetch(&c->pollers, 1, __ATOMIC_SEQ_CST);
+}
+
+static inline void radic_conn_unhold(struct radic_conn *c)
+{
+	__atomic_sub_fetch(&c->pollers, 1, __ATOMIC_RELEASE);
 }
 
 /* The data path (conn.c). */

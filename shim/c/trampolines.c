@@ -778,6 +778,47 @@ static int time_left(int timeout, long t0)
 	return left > 0 ? (int)left : 0;
 }
 
+/* Holds (delta 1) or lets go of (-1) every safe socket in a poll set, for
+ * the time its fds are in the kernel's wait (see radic_conn_hold). */
+static void hold_poll_set(const struct pollfd *fds, nfds_t n, int delta)
+{
+	for (nfds_t i = 0; i < n; i++) {
+		struct radic_conn *c = radic_is_managed(fds[i].fd) ? conn(fds[i].fd) : NULL;
+		if (c == NULL)
+			continue;
+		if (delta > 0)
+			radic_conn_hold(c);
+		else
+			radic_conn_unhold(c);
+	}
+}
+
+static void hold_select_sets(int nfds, const fd_set *rd, const fd_set *wr, const fd_set *ex,
+			     int delta)
+{
+	if (nfds > FD_SETSIZE)
+		nfds = FD_SETSIZE;
+	for (int fd = 0; fd < nfds; fd++) {
+		if (!radic_is_managed(fd) ||
+		    !((rd && FD_ISSET(fd, rd)) || (wr && FD_ISSET(fd, wr)) || (ex && FD_ISSET(fd, ex))))
+			continue;
+		struct radic_conn *c = conn(fd);
+		if (c == NULL)
+			continue;
+		if (delta > 0)
+			radic_conn_hold(c);
+		else
+			radic_conn_unhold(c);
+	}
+}
+
+/* After hold_*: is every safe socket still UP? (Read after the holds, in
+ * the order radic_conn_hold needs.) */
+static inline int still_ready(void)
+{
+	return __atomic_load_n(&radic_unready, __ATOMIC_SEQ_CST) == 0 || radic_in_child;
+}
+
 /* A connection broke while the real poll waited: its answer may show the
  * old socket (shut down: "readable") or miss the new one. Answer again. */
 static int poll_again(struct pollfd *fds, nfds_t n, int timeout, long t0, const sigset_t *mask)
@@ -788,6 +829,11 @@ static int poll_again(struct pollfd *fds, nfds_t n, int timeout, long t0, const 
 		r = radic_conn_poll(fds, n, left, mask);
 	return r;
 }
+
+/* glibc declares poll's and ppoll's set write-only (for fortify), so GCC
+ * takes our reading of it (the app filled it in) for reading garbage. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
@@ -802,9 +848,15 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 			struct timespec ts = {timeout / 1000, (timeout % 1000) * 1000000L};
 			return REAL(ppoll)(fds, n, timeout < 0 ? NULL : &ts, without_urg(NULL, &m));
 		}
+		hold_poll_set(fds, n, 1);
+		if (!still_ready()) {
+			hold_poll_set(fds, n, -1);
+			return radic_conn_poll(fds, n, timeout, NULL);
+		}
 		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 		long t0 = timeout > 0 ? mono_ms() : 0;
 		int k = REAL(poll)(fds, n, timeout);
+		hold_poll_set(fds, n, -1);
 		if (RADIC_UNLIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) != b0) && k >= 0)
 			k = poll_again(fds, n, timeout, t0, NULL);
 		return k;
@@ -821,15 +873,23 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset
 		if (radic_manage_policy != RADIC_MANAGE_JOB &&
 		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
 			return (int)r;
+		hold_poll_set(fds, n, 1);
+		if (!still_ready()) {
+			hold_poll_set(fds, n, -1);
+			return radic_conn_poll(fds, n, timespec_ms(tmo), mask);
+		}
 		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 		long t0 = mono_ms();
 		int k = REAL(ppoll)(fds, n, tmo, mask);
+		hold_poll_set(fds, n, -1);
 		if (RADIC_UNLIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) != b0) && k >= 0)
 			k = poll_again(fds, n, timespec_ms(tmo), t0, mask);
 		return k;
 	}
 	return REAL(ppoll)(fds, n, tmo, mask);
 }
+
+#pragma GCC diagnostic pop
 
 /* select over a set with a safe socket that is not UP: done as a poll. */
 static int select_as_poll(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int timeout_ms,
@@ -885,10 +945,16 @@ static int select_watching_breaks(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, 
 		w0 = *wr;
 	if (ex)
 		e0 = *ex;
+	hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, 1);
+	if (!still_ready()) {
+		hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, -1);
+		return select_as_poll(nfds, rd, wr, ex, timeout, mask);
+	}
 	unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 	long t0 = mono_ms();
 	int k = is_pselect ? REAL(pselect)(nfds, rd, wr, ex, tmo, mask)
 			   : REAL(select)(nfds, rd, wr, ex, (struct timeval *)tv);
+	hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, -1);
 	if (RADIC_LIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) == b0) || k < 0)
 		return k;
 	if (rd)

@@ -45,6 +45,7 @@ package safesock_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -737,6 +738,7 @@ func (c *tc) dumpStall(jb cluster.Job) {
 			wchan, _ := os.ReadFile(task + "/wchan")
 			sc, _ := os.ReadFile(task + "/syscall")
 			fmt.Fprintf(&b, "%s %s wchan=%s syscall=%s\n", filepath.Base(task), strings.TrimSpace(string(comm)), wchan, strings.TrimSpace(string(sc)))
+			b.WriteString(pollSet(r.Proc.Pid, string(sc)))
 		}
 		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", r.Proc.Pid))
 		for _, fd := range fds {
@@ -746,4 +748,37 @@ func (c *tc) dumpStall(jb cluster.Job) {
 		}
 		c.t.Logf("rank %d (pid %d) threads and fds:\n%s", r.Rank, r.Proc.Pid, b.String())
 	}
+}
+
+// pollSet decodes the fd set of a thread blocked in poll or ppoll (x86-64
+// numbers 7 and 271) from the process's memory: which files the wait
+// really holds, since a safe socket's wait may hold its wake eventfd.
+func pollSet(pid int, syscallLine string) string {
+	f := strings.Fields(syscallLine)
+	if len(f) < 3 || (f[0] != "7" && f[0] != "271") {
+		return ""
+	}
+	addr, err1 := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
+	n, err2 := strconv.ParseUint(strings.TrimPrefix(f[2], "0x"), 16, 64)
+	if err1 != nil || err2 != nil || n > 1024 {
+		return ""
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return fmt.Sprintf("  poll set unreadable: %v\n", err)
+	}
+	defer mem.Close()
+	buf := make([]byte, 8*n)
+	if _, err := mem.ReadAt(buf, int64(addr)); err != nil {
+		return fmt.Sprintf("  poll set unreadable: %v\n", err)
+	}
+	var b strings.Builder
+	for i := uint64(0); i < n; i++ {
+		e := buf[8*i:]
+		fd := int32(binary.LittleEndian.Uint32(e))
+		events, revents := binary.LittleEndian.Uint16(e[4:]), binary.LittleEndian.Uint16(e[6:])
+		file, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
+		fmt.Fprintf(&b, "  poll fd %d (%s) events=%#x revents=%#x\n", fd, file, events, revents)
+	}
+	return b.String()
 }
