@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,6 +56,7 @@ type result struct {
 	code     int // exit status; -1 when killed by a signal or not started
 	timedOut bool
 	dur      time.Duration
+	stacks   map[string]string // on a timeout: the backtraces of the process tree, by "comm[pid]"
 }
 
 func (r result) ok() bool { return r.code == 0 && !r.timedOut }
@@ -108,7 +110,11 @@ func run(t testing.TB, timeout time.Duration, env []string, argv ...string) resu
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(baseEnv(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var stacks map[string]string
+	cmd.Cancel = func() error {
+		stacks = treeStacks(cmd.Process.Pid)
+		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 	cmd.WaitDelay = 5 * time.Second
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
@@ -118,6 +124,7 @@ func run(t testing.TB, timeout time.Duration, env []string, argv ...string) resu
 	r.dur = time.Since(start)
 	r.stdout, r.stderr = so.String(), se.String()
 	r.timedOut = ctx.Err() != nil
+	r.stacks = stacks
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -200,3 +207,51 @@ func checkSame(t *testing.T, bare, pre result) {
 
 // execLookPath is exec.LookPath, named for the benchmark's skip check.
 var execLookPath = exec.LookPath
+
+// treeStacks takes the backtraces of every thread of process pid and all
+// its descendants (gdb, attached for a moment), so that a run that hangs
+// says where. (Descendants, not the process group: MPI launchers put their
+// proxies in groups of their own.) Empty without gdb.
+func treeStacks(pid int) map[string]string {
+	gdb, err := exec.LookPath("gdb")
+	if err != nil {
+		return nil
+	}
+	type proc struct{ comm, ppid string }
+	procs := map[string]proc{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parens.
+		open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if open < 0 || close < open {
+			continue
+		}
+		if f := strings.Fields(string(b[close+1:])); len(f) >= 2 {
+			procs[strings.TrimSpace(string(b[:open]))] = proc{string(b[open+1 : close]), f[1]}
+		}
+	}
+	tree := map[string]bool{strconv.Itoa(pid): true}
+	for grew := true; grew; {
+		grew = false
+		for p, pr := range procs {
+			if !tree[p] && tree[pr.ppid] {
+				tree[p], grew = true, true
+			}
+		}
+	}
+	out := map[string]string{}
+	for p := range tree {
+		if len(out) == 16 {
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		bt, _ := exec.CommandContext(ctx, gdb, "-batch", "-nx", "-p", p, "-ex", "thread apply all bt").CombinedOutput()
+		cancel()
+		out[fmt.Sprintf("%s[%s]", procs[p].comm, p)] = string(bt)
+	}
+	return out
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +59,41 @@ func (m mpiImpl) job(t testing.TB, lib string, n int, prog string, args ...strin
 // RADIC_TEST_MPICH4=1 runs it anyway.
 const mpichFourRanksHangs = "MPICH 4.0.2/UCX 1.13.1 tcp: 4-rank jobs hang in MPI_Finalize in ~1/3 of runs even without the preload (rank 0 spins in ucp_worker_progress, the others wait in the PMI barrier); set RADIC_TEST_MPICH4=1 to run it anyway"
 
+// ucxFinalizeHangWhat: the same bug hangs 2-rank jobs too, rarely: 1 of 40
+// bare runs on this VM (and 1 of 10 preloaded in a CI run).
+const ucxFinalizeHangWhat = "MPICH/UCX hung in MPI_Finalize after a correct run (rank stacks: PMPI_Finalize, one in ucp_worker_progress), the UCX TCP teardown bug that hangs bare jobs too (openucx/ucx#8738)"
+
+// maxUpstreamHangs bounds how many such hangs a test tolerates: at the
+// bare rate (~2.5%) three or more in one test come about once in 500.
+const maxUpstreamHangs = 2
+
+// ucxFinalizeHang reports whether a hung MPICH job's stacks are those of
+// the UCX teardown bug: every rank inside MPI_Finalize, one of them
+// progressing a UCX worker. (The shim's pass-through wrappers are on such
+// stacks too, read() among them: they do not tell.)
+func ucxFinalizeHang(stacks map[string]string) bool {
+	ranks, progressing := 0, false
+	for name, bt := range stacks {
+		if !strings.HasPrefix(name, "mpich-") {
+			continue // the launcher and its proxies
+		}
+		ranks++
+		if !strings.Contains(bt, "MPI_Finalize") { // PMPI_Finalize, or its MPI_ alias
+			return false
+		}
+		progressing = progressing || strings.Contains(bt, "ucp_worker_progress")
+	}
+	return ranks > 0 && progressing
+}
+
+func formatStacks(stacks map[string]string) string {
+	var b strings.Builder
+	for name, bt := range stacks {
+		fmt.Fprintf(&b, "--- %s\n%s\n", name, tail(bt, 4000))
+	}
+	return b.String()
+}
+
 // mpiRuns is how many preloaded runs each job gets; mpiTimeout bounds each.
 const (
 	mpiRuns    = 10
@@ -78,18 +114,35 @@ func TestMPI(t *testing.T) {
 				if m.name == "mpich" && n == 4 && os.Getenv("RADIC_TEST_MPICH4") == "" {
 					t.Skip(mpichFourRanksHangs)
 				}
+				// A run that hits MPICH's own hang in MPI_Finalize
+				// is done again, but only a few times in all (a shim
+				// that made that hang frequent still fails here).
+				upstream := 0
+				runMPI := func(what string, env, argv []string) result {
+					for {
+						r := run(t, mpiTimeout, env, argv...)
+						if m.name != "mpich" || !r.timedOut || !strings.Contains(r.stdout, "mpicheck: all checks passed") || !ucxFinalizeHang(r.stacks) {
+							return r
+						}
+						upstream++
+						t.Logf("%s: %s (%d so far)", what, ucxFinalizeHangWhat, upstream)
+						if upstream > maxUpstreamHangs {
+							t.Fatalf("%d runs hung in MPI_Finalize, more than the %d that MPICH's own rate explains:\n%v", upstream, maxUpstreamHangs, r)
+						}
+					}
+				}
 				env, argv := m.job(t, "", n, "mpicheck", mpiIters)
-				bare := run(t, mpiTimeout, env, argv...)
+				bare := runMPI("bare run", env, argv)
 				if !bare.ok() {
-					t.Fatalf("bare job failed (MPI or the machine, not the shim):\n%v", bare)
+					t.Fatalf("bare job failed (MPI or the machine, not the shim):\n%v\n%s", bare, formatStacks(bare.stacks))
 				}
 				env, argv = m.job(t, lib, n, "mpicheck", mpiIters)
 				var total time.Duration
 				for i := 0; i < mpiRuns; i++ {
-					pre := run(t, mpiTimeout, env, argv...)
+					pre := runMPI(fmt.Sprintf("preloaded run %d", i+1), env, argv)
 					total += pre.dur
 					if !pre.ok() {
-						t.Fatalf("preloaded run %d of %d failed:\n%v", i+1, mpiRuns, pre)
+						t.Fatalf("preloaded run %d of %d failed:\n%v\n%s", i+1, mpiRuns, pre, formatStacks(pre.stacks))
 					}
 					if pre.stdout != bare.stdout {
 						t.Fatalf("preloaded run %d of %d: output differs from the bare run:\n%s",
@@ -110,7 +163,7 @@ func TestMPI(t *testing.T) {
 				} else {
 					argv = append(argv[:1], append([]string{"-genv", "RADIC_TEST_MANAGE", "1", "-genv", "RADIC_TEST_COUNTS", counts}, argv[1:]...)...)
 				}
-				pre := run(t, mpiTimeout, menv, argv...)
+				pre := runMPI("managed-mode run", menv, argv)
 				if !pre.ok() || pre.stdout != bare.stdout {
 					t.Fatalf("managed-mode run failed or differs:\n%v\n%s", pre, diffLines(bare.stdout, pre.stdout))
 				}
