@@ -19,6 +19,7 @@ pkgs=(
   systemd:/usr/bin/systemd-analyze
   procps:/usr/bin/pgrep
   psmisc:/usr/bin/killall
+  gdb:/usr/bin/gdb
 )
 missing=()
 for p in "${pkgs[@]}"; do
