@@ -116,6 +116,7 @@ type member struct {
 	lastHeard   time.Time // last datagram from it, or indirect proof of life
 	suspect     bool
 	suspectAt   time.Time
+	probedAt    time.Time // the last round of probes of a suspect
 	nonce       uint64
 	fencedSeen  time.Time // first heartbeat with the fenced flag, this incarnation
 	declaredAt  time.Time
@@ -314,6 +315,10 @@ func (n *Node) Tick(now time.Time) {
 		}
 		for _, id := range n.ids {
 			m := n.members[id]
+			if m.suspect && m.State == Alive && now.Sub(m.suspectAt) < n.cfg.ProbeTimeout &&
+				now.Sub(m.probedAt) >= n.cfg.Period {
+				n.probe(m, now)
+			}
 			if m.suspect && m.State == Alive && now.Sub(m.suspectAt) >= n.cfg.ProbeTimeout {
 				if id == pred {
 					n.declare(m, CauseUnreachable, now)
@@ -390,6 +395,17 @@ func (n *Node) suspect(m *member, now time.Time) {
 	n.nonce++
 	m.nonce = n.nonce
 	n.emit(Event{Kind: EventSuspect, Node: m.ID, Inc: m.Inc, At: now})
+	n.probe(m, now)
+}
+
+// probe sends a round of probes of suspect m: one direct, and requests to
+// up to Probers other members. Rounds repeat every Period until the
+// suspicion ends: with one round, a lossy network alone declared nodes
+// dead (20% loss: in 2.2% of 20-second runs of 5 nodes, all three paths
+// of the one round and the suspect's heartbeats lost), with a round every
+// Period all of them must be lost ProbeTimeout/Period times over.
+func (n *Node) probe(m *member, now time.Time) {
+	m.probedAt = now
 	n.stats.ProbesSent.Add(1)
 	n.send(Message{Type: MsgProbe, To: m.ID, Origin: n.self.ID, Nonce: m.nonce})
 	// Probers: the other members, nearest to the suspect first.
