@@ -113,6 +113,10 @@ func run(t testing.TB, timeout time.Duration, env []string, argv ...string) resu
 	var stacks map[string]string
 	cmd.Cancel = func() error {
 		stacks = treeStacks(cmd.Process.Pid)
+		// Where the bytes are: queued at a receiver, a sender, or nowhere.
+		if ss, err := exec.Command("ss", "-tnpi").CombinedOutput(); err == nil {
+			stacks["(sockets: ss -tnpi)"] = string(ss)
+		}
 		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
 	cmd.WaitDelay = 5 * time.Second
@@ -215,7 +219,7 @@ var execLookPath = exec.LookPath
 func treeStacks(pid int) map[string]string {
 	gdb, err := exec.LookPath("gdb")
 	if err != nil {
-		return nil
+		return map[string]string{}
 	}
 	type proc struct{ comm, ppid string }
 	procs := map[string]proc{}
