@@ -28,9 +28,11 @@ import (
 // initiator to the acceptor process's control listener. The same listener
 // takes resume connections, which become the new data stream.
 //
-// Every frame is 32 bytes: type, a zero byte, port (u16: in a resume, the
+// Every frame is 40 bytes: type, a zero byte, port (u16: in a resume, the
 // initiator's own port, which names the data stream it replaces), attempt
-// (u32), connection id, v1, v2 (u64, big endian).
+// (u32), connection id, v1, v2 (u64), listener (u16: in an open and a
+// resume, the port the initiator connected to, which tells the acceptor
+// where the app will accept the connection), six zero bytes; big endian.
 const (
 	fOpen    = 1 // a control channel for id (attempt: which resume)
 	fAck     = 2 // v1: bytes I delivered (MaxUint64: I read no more), v2: my close marker
@@ -40,14 +42,15 @@ const (
 	fRefuse  = 6 // the acceptor does not know the connection (any more)
 )
 
-const frameLen = 32
+const frameLen = 40
 
 type frame struct {
-	typ     byte
-	port    uint16
-	attempt uint32
-	id      uint64
-	v1, v2  uint64
+	typ      byte
+	port     uint16
+	attempt  uint32
+	id       uint64
+	v1, v2   uint64
+	listener uint16
 }
 
 func (f frame) bytes() []byte {
@@ -58,15 +61,25 @@ func (f frame) bytes() []byte {
 	binary.BigEndian.PutUint64(b[8:], f.id)
 	binary.BigEndian.PutUint64(b[16:], f.v1)
 	binary.BigEndian.PutUint64(b[24:], f.v2)
+	binary.BigEndian.PutUint16(b[32:], f.listener)
 	return b
 }
 
 func parseFrame(b []byte) (frame, error) {
-	if len(b) != frameLen || b[1] != 0 || b[0] < fOpen || b[0] > fRefuse {
+	if len(b) != frameLen || b[1] != 0 || b[0] < fOpen || b[0] > fRefuse || !allZero(b[34:]) {
 		return frame{}, fmt.Errorf("malformed control frame % x", b)
 	}
 	return frame{typ: b[0], port: binary.BigEndian.Uint16(b[2:]), attempt: binary.BigEndian.Uint32(b[4:]), id: binary.BigEndian.Uint64(b[8:]),
-		v1: binary.BigEndian.Uint64(b[16:]), v2: binary.BigEndian.Uint64(b[24:])}, nil
+		v1: binary.BigEndian.Uint64(b[16:]), v2: binary.BigEndian.Uint64(b[24:]), listener: binary.BigEndian.Uint16(b[32:])}, nil
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Frames on raw fds (resume streams, which the app will own).
@@ -177,6 +190,7 @@ type pendingConn struct {
 	ctlF    frame
 	resume  net.Conn
 	resumeF frame
+	stood   bool // a stand-in was sent to the app's listener
 }
 
 func (p *pendingConn) hold(f frame, nc net.Conn) {
@@ -197,6 +211,10 @@ func (p *pendingConn) hold(f frame, nc net.Conn) {
 			p.resume.Close()
 		}
 		p.resume, p.resumeF = nc, f
+		if !p.stood {
+			p.stood = true
+			go p.s.sendStandIn(p.id, f.listener)
+		}
 	}
 	p.mu.Unlock()
 }
@@ -266,6 +284,118 @@ func (s *safeSockets) resumeOf(peer netip.AddrPort) (id uint64, from netip.Addr,
 		}
 	}
 	return 0, netip.Addr{}, false
+}
+
+// A stand-in is a connection the shim makes to the app's own listener, over
+// loopback, for a connection whose initiator is resuming it but whose data
+// stream never reached the backlog: the handshake's last ACK was lost to a
+// move, so the acceptor's kernel holds it in SYN_RECV, answering an address
+// that is gone, until it gives up. The initiator's connect had returned,
+// so the resume comes, but without a stand-in the app's accept never would.
+// The app accepts the stand-in as the connection, the held resume is
+// swapped in under it at once, and the stand-in's own stream is never read.
+// Should the original reach the backlog after all (a slow app had it
+// there, unaccepted, all along), whichever of the two the app accepts
+// second is not shown to it.
+type standIn struct {
+	id uint64
+	fd int // our end, until the app accepts the other
+}
+
+// sendStandIn connects a stand-in for connection id to the app's listener
+// on port.
+func (s *safeSockets) sendStandIn(id uint64, port uint16) {
+	s.mu.Lock()
+	lfd := -1
+	for fd, p := range s.listeners {
+		if p == port {
+			lfd = fd
+			break
+		}
+	}
+	s.mu.Unlock()
+	if lfd < 0 || port == 0 {
+		debugf("connection %d:%d: no listener on port %d for a stand-in: its resume waits", id>>32, uint32(id), port)
+		return
+	}
+	ln, err := sockName(lfd, false)
+	if err != nil {
+		return
+	}
+	to := ln.Addr()
+	if to.IsUnspecified() {
+		to = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	var from C.uint16_t
+	fd := int(C.radic_sock_bound(ip4(to), &from))
+	if fd < 0 {
+		logf("connection %d:%d: cannot make a stand-in: %v", id>>32, uint32(id), syscall.Errno(-fd))
+		return
+	}
+	// Known before it can be accepted: the app may take it at once.
+	s.mu.Lock()
+	s.stand[netip.AddrPortFrom(to, uint16(from))] = &standIn{id: id, fd: fd}
+	s.mu.Unlock()
+	if e := C.radic_sock_connect(C.int(fd), ip4(to), C.uint16_t(port), C.int(dialTimeout.Milliseconds())); e < 0 {
+		logf("connection %d:%d: stand-in to %s:%d: %v", id>>32, uint32(id), to, port, syscall.Errno(-e))
+		s.takeStandIn(netip.AddrPortFrom(to, uint16(from)))
+		C.radic_sock_close(C.int(fd))
+		return
+	}
+	logf("connection %d:%d: never reached the backlog; stand-in %s:%d sent to the app's listener", id>>32, uint32(id), to, from)
+}
+
+func (s *safeSockets) takeStandIn(peer netip.AddrPort) *standIn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stand[peer]
+	delete(s.stand, peer)
+	return st
+}
+
+// acceptStandIn makes fd, a stand-in the app accepted, its connection, and
+// swaps the held resume in under it.
+func (s *safeSockets) acceptStandIn(fd int, st *standIn) bool {
+	if st.fd >= 0 {
+		// Our end is not needed: the stand-in's stream is never read, and
+		// its end of stream only marks it broken sooner.
+		C.radic_sock_close(C.int(st.fd))
+	}
+	s.mu.Lock()
+	p := s.pending[st.id]
+	s.mu.Unlock()
+	if p == nil || s.known(st.id) {
+		debugf("fd %d: stand-in for connection %d:%d, which the app has already: not shown to it", fd, st.id>>32, uint32(st.id))
+		return false
+	}
+	p.mu.Lock()
+	resume, f := p.resume, p.resumeF
+	p.mu.Unlock()
+	src := resume.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
+	paddr := netip.AddrPortFrom(s.loc.logical(src), f.port)
+	c := s.newConn(fd, st.id, false, s.acceptedName(fd), paddr)
+	if c == nil {
+		return true
+	}
+	debugf("connection %s: accepted through a stand-in", c)
+	// Taken only now that frames for the connection find it.
+	if p := s.takePending(st.id); p != nil {
+		p.adopt(c)
+	}
+	return true
+}
+
+// retireStandIns closes our end of any stand-in for connection id, which
+// the app has accepted as itself (the stand-in is dropped when accepted).
+func (s *safeSockets) retireStandIns(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.stand {
+		if st.id == id && st.fd >= 0 {
+			C.radic_sock_close(C.int(st.fd))
+			st.fd = -1
+		}
+	}
 }
 
 // ---- a connection -------------------------------------------------------------
@@ -352,7 +482,7 @@ func (c *conn) openCtl(attempt uint32) {
 	c.mu.Unlock()
 	nc, err := net.DialTimeout("tcp4", addr.String(), dialTimeout)
 	if err == nil {
-		if err = writeFrame(nc, frame{typ: fOpen, attempt: attempt, id: c.id}); err != nil {
+		if err = writeFrame(nc, frame{typ: fOpen, attempt: attempt, id: c.id, listener: c.paddr.Port()}); err != nil {
 			nc.Close()
 		}
 	}
@@ -539,9 +669,29 @@ func (s *safeSockets) monitor() {
 			}
 			if !here {
 				c.breakOn(gen, int(syscall.ENETUNREACH), fmt.Sprintf("its stream runs on %s, which this node no longer has", ap.Addr()))
+				continue
+			}
+			if gone, why := s.peerMoved(c, fd); gone {
+				c.breakOn(gen, int(syscall.ENETUNREACH), why)
 			}
 		}
 	}
+}
+
+// peerMoved reports whether the peer's node has moved away from the
+// address the data stream runs to. Its own side usually sees the move
+// first and breaks the stream, but not always: an acceptor that never saw
+// the stream (it was still in the handshake when it moved) has nothing to
+// break, and the held control channel answers every probe, so this side
+// would wait on a dead stream for ever. Only an address the node is known
+// to have given up counts: a host reached on an address the node list
+// does not name (another interface) is not a move.
+func (s *safeSockets) peerMoved(c *conn, fd int) (bool, string) {
+	remote, err := sockName(fd, true)
+	if err != nil || !remote.Addr().Is4() || !s.loc.movedFrom(c.paddr.Addr(), remote.Addr(), time.Second) {
+		return false, ""
+	}
+	return true, fmt.Sprintf("its stream runs to %s, which its peer's node no longer has", remote.Addr())
 }
 
 // breakOn marks the connection broken if it still runs on socket gen.
@@ -667,7 +817,7 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 	attempt, end := c.attempt, c.end
 	c.mu.Unlock()
 	recvd := uint64(C.radic_conn_recvd(c.c))
-	if err := writeFrameFd(fd, frame{typ: fResume, port: c.laddr.Port(), attempt: attempt, id: c.id, v1: recvd, v2: end}); err != nil {
+	if err := writeFrameFd(fd, frame{typ: fResume, port: c.laddr.Port(), attempt: attempt, id: c.id, v1: recvd, v2: end, listener: c.paddr.Port()}); err != nil {
 		return false
 	}
 	f, err := readFrameFd(fd)

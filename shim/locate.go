@@ -123,6 +123,15 @@ func (l *locator) current(ip netip.Addr, maxAge time.Duration) (logical, cur net
 	return logical, cur, err1 == nil && err2 == nil
 }
 
+// movedFrom reports whether the node whose address is ip has given up
+// addr for another, by a node list at most maxAge old (a stale list can
+// miss a move, never invent one).
+func (l *locator) movedFrom(ip, addr netip.Addr, maxAge time.Duration) bool {
+	l.refresh(maxAge)
+	n, ok := l.nodeOf(ip)
+	return ok && n.Addr != addr.String() && slices.Contains(n.Earlier, addr.String())
+}
+
 // logical maps an address of some node (old or current) to its logical one.
 func (l *locator) logical(ip netip.Addr) netip.Addr {
 	if n, ok := l.nodeOf(ip); ok {

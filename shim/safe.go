@@ -64,8 +64,9 @@ type safeSockets struct {
 	byFd       map[int]*conn
 	byID       map[uint64]*conn
 	byPtr      map[*C.struct_radic_conn]*conn
-	pending    map[uint64]*pendingConn // control streams of connections not accepted yet
-	gone       map[uint64]bool         // connections closed and forgotten: a resume of one is refused
+	pending    map[uint64]*pendingConn     // control streams of connections not accepted yet
+	stand      map[netip.AddrPort]*standIn // stand-ins on their way to the app's accept, by their local end
+	gone       map[uint64]bool             // connections closed and forgotten: a resume of one is refused
 	listeners  map[int]uint16
 	bound      map[int]netip.Addr // fds bound to the node's logical address (really the wildcard)
 	lingering  sync.WaitGroup
@@ -121,7 +122,7 @@ func newSafeSockets() *safeSockets {
 		noRetx: os.Getenv("RADIC_TEST_NO_RETX") == "1",
 		loc:    newLocator(daemon, job, node),
 		byFd:   map[int]*conn{}, byID: map[uint64]*conn{}, byPtr: map[*C.struct_radic_conn]*conn{},
-		pending: map[uint64]*pendingConn{}, gone: map[uint64]bool{}, listeners: map[int]uint16{}, bound: map[int]netip.Addr{},
+		pending: map[uint64]*pendingConn{}, stand: map[netip.AddrPort]*standIn{}, gone: map[uint64]bool{}, listeners: map[int]uint16{}, bound: map[int]netip.Addr{},
 	}
 	h := fnv.New64a()
 	h.Write([]byte(job))
@@ -382,14 +383,20 @@ func (s *safeSockets) listen(fd, backlog int) (int, int) {
 }
 
 // accept classifies a connection the app accepted on a radic listener: it
-// is managed when its first bytes are a radic hello of this job, or when
-// its initiator is already resuming it (the stream died before its hello
-// came through). A peer on a cluster node gets helloWait for either;
-// anyone else is plain at once.
-func (s *safeSockets) accept(lfd, fd int) {
+// is managed when its first bytes are a radic hello of this job, when its
+// initiator is already resuming it (the stream died before its hello came
+// through), or when it is a stand-in for one that never reached the
+// backlog. A peer on a cluster node gets helloWait for either; anyone else
+// is plain at once. It returns false when the app must not see the
+// connection at all: a second stream for a connection it already has (an
+// original and its stand-in can both reach the backlog).
+func (s *safeSockets) accept(lfd, fd int) bool {
 	peer, err := sockName(fd, true)
 	if err != nil {
-		return
+		return true
+	}
+	if st := s.takeStandIn(peer); st != nil {
+		return s.acceptStandIn(fd, st)
 	}
 	// A peer we do not know as a node may be one that moved a moment
 	// ago: read the node list again (our radicd hears of a move within
@@ -411,23 +418,23 @@ func (s *safeSockets) accept(lfd, fd int) {
 		left := min(time.Until(deadline), 50*time.Millisecond)
 		if left <= 0 {
 			debugf("fd %d from %s: no radic hello within %v: plain TCP", fd, peer, wait)
-			return
+			return true
 		}
 		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, C.int(left.Milliseconds()+1)))
 		if n < 0 {
-			return
+			return true
 		}
 		k := min(n, 8)
 		if !bytes.Equal(buf[:k], helloMagic[:k]) {
-			return // someone else's protocol
+			return true // someone else's protocol
 		}
 		if n == helloLen {
 			if binary.BigEndian.Uint64(buf[8:]) != s.jobHash {
 				logf("fd %d from %s: a radic hello from another job: plain TCP", fd, peer)
-				return
+				return true
 			}
 			if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, 1000); e < 0 {
-				return
+				return true
 			}
 			id = binary.BigEndian.Uint64(buf[16:])
 			paddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[24:28])), binary.BigEndian.Uint16(buf[28:]))
@@ -442,24 +449,41 @@ func (s *safeSockets) accept(lfd, fd int) {
 		}
 		time.Sleep(time.Millisecond) // part of a hello, or an end of stream
 	}
-	// The local end is this node's logical address, never the address the
-	// connection came in on: that is the node's current one, and a node
-	// list read before a move would not know it.
-	local, _ := sockName(fd, false)
-	self, ok := s.loc.self()
-	if !ok {
-		self = s.loc.logical(local.Addr())
+	if s.known(id) {
+		debugf("fd %d from %s: connection %d:%d is the app's already (through a stand-in): not shown to it", fd, peer, id>>32, uint32(id))
+		return false
 	}
-	laddr := netip.AddrPortFrom(self, local.Port())
-	c := s.newConn(fd, id, false, laddr, paddr)
+	c := s.newConn(fd, id, false, s.acceptedName(fd), paddr)
 	if c == nil {
-		return
+		return true
 	}
 	c.ctlAddr = netip.AddrPortFrom(peer.Addr(), binary.BigEndian.Uint16(buf[30:]))
 	debugf("connection %s: accepted from %s", c, paddr)
 	if p := s.takePending(id); p != nil {
 		p.adopt(c)
 	}
+	s.retireStandIns(id)
+	return true
+}
+
+// acceptedName is the app's name for its end of an accepted connection:
+// this node's logical address, never the address the connection came in
+// on (that is the node's current one, and a node list read before a move
+// would not know it, or the loopback address of a stand-in).
+func (s *safeSockets) acceptedName(fd int) netip.AddrPort {
+	local, _ := sockName(fd, false)
+	self, ok := s.loc.self()
+	if !ok {
+		self = s.loc.logical(local.Addr())
+	}
+	return netip.AddrPortFrom(self, local.Port())
+}
+
+// known reports whether connection id is, or was, one of the app's.
+func (s *safeSockets) known(id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id] != nil || s.gone[id]
 }
 
 func (s *safeSockets) tryRegister(port uint16) bool {
@@ -682,8 +706,9 @@ func (s *safeSockets) dispatch(c *C.struct_radic_call) C.int {
 		c.ret, c.err = C.long(ret), C.int(e)
 		return C.RADIC_DONE
 	case C.RADIC_OP_accept:
-		if C.radic_fd_get(c.fd)&C.RADIC_FD_LISTENER != 0 {
-			s.accept(fd, int(c.args[0]))
+		if C.radic_fd_get(c.fd)&C.RADIC_FD_LISTENER != 0 && !s.accept(fd, int(c.args[0])) {
+			c.ret = C.RADIC_ACCEPT_HIDE
+			return C.RADIC_DONE
 		}
 	case C.RADIC_OP_dup:
 		s.dup(fd, int(c.args[0]))

@@ -89,6 +89,29 @@ int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms)
 	return e;
 }
 
+/* A new TCP socket bound to ip with a port of its own (*port), above the
+ * fds an app expects to see (it lives until the app accepts its peer). */
+int radic_sock_bound(uint32_t ip, uint16_t *port)
+{
+	int s = REAL(socket)(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -errno;
+	int fd = (int)syscall(SYS_fcntl, s, F_DUPFD_CLOEXEC, 64);
+	int e = fd < 0 ? -errno : 0;
+	syscall(SYS_close, s);
+	if (e < 0)
+		return e;
+	uint32_t got;
+	e = radic_sock_bind(fd, ip, 0);
+	if (e == 0)
+		e = radic_sock_name(fd, 0, &got, port);
+	if (e < 0) {
+		syscall(SYS_close, fd);
+		return e;
+	}
+	return fd;
+}
+
 /* Abandons a connect still on its way (Linux: connect to AF_UNSPEC makes
  * the socket unconnected again, keeping what the app bound). */
 void radic_sock_disconnect(int fd)

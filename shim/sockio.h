@@ -8,6 +8,7 @@
 
 int radic_sock_dial(uint32_t ip, uint16_t port, int timeout_ms);
 int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms);
+int radic_sock_bound(uint32_t ip, uint16_t *port);
 void radic_sock_disconnect(int fd);
 int radic_sock_write_full(int fd, const void *p, size_t n, int timeout_ms);
 int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms);

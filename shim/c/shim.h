@@ -190,6 +190,10 @@ struct radic_call {
 
 enum { RADIC_PASS = 0, RADIC_DONE = 1 };
 
+/* Go's verdict on an accepted fd the app must not see (and C's return for
+ * it inside the accept trampolines; never a valid fd). */
+#define RADIC_ACCEPT_HIDE (-2)
+
 /* Management policy, set by Go at init. */
 enum {
 	RADIC_MANAGE_NONE = 0,       /* nothing is managed (pass-through) */

@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <sys/syscall.h>
 #include <time.h>
 
 /* Asks Go about a call; returns 1 with *ret set when Go handled it. */
@@ -432,14 +433,19 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 }
 
 /* The accepted fd is new: Go hears of it after the real accept (it decides
- * whether the connection is managed). */
+ * whether the connection is managed, or that the app must not see it at
+ * all: RADIC_ACCEPT_HIDE, a second stream of a connection the app has). */
 static int accepted(int lfd, int fd, struct sockaddr *addr, socklen_t *len)
 {
 	if (fd < 0)
 		return fd;
 	fresh_fd(fd);
 	if (CONTROLLED(lfd)) {
-		go_notify(RADIC_OP_accept, lfd, fd, 0, 0);
+		struct radic_call call = {.op = RADIC_OP_accept, .fd = lfd, .args = {fd}};
+		if (radic_enter(&call) == RADIC_DONE && call.ret == RADIC_ACCEPT_HIDE) {
+			syscall(SYS_close, fd);
+			return RADIC_ACCEPT_HIDE;
+		}
 		/* A managed peer is known by its logical address. */
 		struct radic_conn *c = MANAGED(fd) ? conn(fd) : NULL;
 		if (c != NULL && addr != NULL && len != NULL) {
@@ -451,14 +457,26 @@ static int accepted(int lfd, int fd, struct sockaddr *addr, socklen_t *len)
 	return fd;
 }
 
+/* A hidden connection is followed by the next one, as the kernel would
+ * have: a blocking listener waits for it, a non-blocking one says EAGAIN. */
 int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
-	return accepted(fd, REAL(accept)(fd, addr, len), addr, len);
+	socklen_t room = len != NULL ? *len : 0;
+	int r;
+	while ((r = accepted(fd, REAL(accept)(fd, addr, len), addr, len)) == RADIC_ACCEPT_HIDE)
+		if (len != NULL)
+			*len = room;
+	return r;
 }
 
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
-	return accepted(fd, REAL(accept4)(fd, addr, len, flags), addr, len);
+	socklen_t room = len != NULL ? *len : 0;
+	int r;
+	while ((r = accepted(fd, REAL(accept4)(fd, addr, len, flags), addr, len)) == RADIC_ACCEPT_HIDE)
+		if (len != NULL)
+			*len = room;
+	return r;
 }
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len)

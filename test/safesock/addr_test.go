@@ -65,8 +65,9 @@ func TestLogicalAddressesReaddressStorm(t *testing.T) {
 	}
 	checkLogical(t, j.out.String(), conns, logical)
 	moved := regexp.MustCompile(`addrs rank 1 conn (\d+) accept`).FindAllStringSubmatch(j.out.String(), -1)
-	t.Logf("%d connections, %d moves of the nodes (now %s and %s): all saw %s and %s",
-		len(moved), moves, c.addr(0), c.addr(1), logical[0], logical[1])
+	standIns := strings.Count(j.out.String(), "stand-in")
+	t.Logf("%d connections, %d moves of the nodes (now %s and %s), %d stand-ins: all saw %s and %s",
+		len(moved), moves, c.addr(0), c.addr(1), standIns, logical[0], logical[1])
 }
 
 // logicalAddrs maps each node's id to its logical address.
