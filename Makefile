@@ -18,7 +18,7 @@ BUILD_TARGETS :=
 -include mk/*.mk
 
 SHIM_C_SRC  := $(wildcard shim/c/*.c shim/c/*.h shim/c/*.map)
-SHIM_GO_SRC := $(wildcard shim/*.go shim/*.c shim/*.h shim/*.map) $(wildcard shim/c/*.h)
+SHIM_GO_SRC := $(wildcard shim/*.go shim/*.c shim/*.h shim/*.map shim/wire/*.go) $(wildcard shim/c/*.h)
 
 .PHONY: all deps test bench demo check soak clean
 all: lib/libradic.so lib/libradic-go.so bin/radicd bin/radic $(BUILD_TARGETS)

@@ -8,7 +8,6 @@ package main
 import "C"
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 	"math"
@@ -21,6 +20,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/radic-project/radic/shim/wire"
 )
 
 // The control channel: one TCP connection per logical connection, beside
@@ -28,89 +29,38 @@ import (
 // initiator to the acceptor process's control listener. The same listener
 // takes resume connections, which become the new data stream.
 //
-// Every frame is 40 bytes: type, a zero byte, port (u16: in a resume, the
-// initiator's own port, which names the data stream it replaces), attempt
-// (u32), connection id, v1, v2 (u64), listener (u16: in an open and a
-// resume, the port the initiator connected to, which tells the acceptor
-// where the app will accept the connection), six zero bytes; big endian.
-const (
-	fOpen    = 1 // a control channel for id (attempt: which resume)
-	fAck     = 2 // v1: bytes I delivered (MaxUint64: I read no more), v2: my close marker
-	fResume  = 3 // a new data stream for id; v1: my delivered offset, v2: my close marker
-	fResumed = 4 // the acceptor's answer to fResume, same fields
-	fGo      = 5 // the initiator commits: both sides swap the new stream in
-	fRefuse  = 6 // the acceptor does not know the connection (any more)
-)
-
-const frameLen = 40
-
-type frame struct {
-	typ      byte
-	port     uint16
-	attempt  uint32
-	id       uint64
-	v1, v2   uint64
-	listener uint16
-}
-
-func (f frame) bytes() []byte {
-	b := make([]byte, frameLen)
-	b[0] = f.typ
-	binary.BigEndian.PutUint16(b[2:], f.port)
-	binary.BigEndian.PutUint32(b[4:], f.attempt)
-	binary.BigEndian.PutUint64(b[8:], f.id)
-	binary.BigEndian.PutUint64(b[16:], f.v1)
-	binary.BigEndian.PutUint64(b[24:], f.v2)
-	binary.BigEndian.PutUint16(b[32:], f.listener)
-	return b
-}
-
-func parseFrame(b []byte) (frame, error) {
-	if len(b) != frameLen || b[1] != 0 || b[0] < fOpen || b[0] > fRefuse || !allZero(b[34:]) {
-		return frame{}, fmt.Errorf("malformed control frame % x", b)
-	}
-	return frame{typ: b[0], port: binary.BigEndian.Uint16(b[2:]), attempt: binary.BigEndian.Uint32(b[4:]), id: binary.BigEndian.Uint64(b[8:]),
-		v1: binary.BigEndian.Uint64(b[16:]), v2: binary.BigEndian.Uint64(b[24:]), listener: binary.BigEndian.Uint16(b[32:])}, nil
-}
-
-func allZero(b []byte) bool {
-	for _, x := range b {
-		if x != 0 {
-			return false
-		}
-	}
-	return true
-}
+// Its frames, and the hello, are in package wire.
+type frame = wire.Frame
 
 // Frames on raw fds (resume streams, which the app will own).
 func writeFrameFd(fd int, f frame) error {
-	b := f.bytes()
-	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&b[0]), frameLen, C.int(handshakeWait.Milliseconds())); e < 0 {
+	b := f.Bytes()
+	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&b[0]), wire.FrameLen, C.int(handshakeWait.Milliseconds())); e < 0 {
 		return syscall.Errno(-e)
 	}
 	return nil
 }
 
 func readFrameFd(fd int) (frame, error) {
-	b := make([]byte, frameLen)
-	if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&b[0]), frameLen, C.int(handshakeWait.Milliseconds())); e < 0 {
+	b := make([]byte, wire.FrameLen)
+	if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&b[0]), wire.FrameLen, C.int(handshakeWait.Milliseconds())); e < 0 {
 		return frame{}, syscall.Errno(-e)
 	}
-	return parseFrame(b)
+	return wire.ParseFrame(b)
 }
 
 func readFrame(nc net.Conn, timeout time.Duration) (frame, error) {
-	b := make([]byte, frameLen)
+	b := make([]byte, wire.FrameLen)
 	nc.SetReadDeadline(time.Now().Add(timeout))
 	if _, err := io.ReadFull(nc, b); err != nil {
 		return frame{}, err
 	}
-	return parseFrame(b)
+	return wire.ParseFrame(b)
 }
 
 func writeFrame(nc net.Conn, f frame) error {
 	nc.SetWriteDeadline(time.Now().Add(handshakeWait))
-	_, err := nc.Write(f.bytes())
+	_, err := nc.Write(f.Bytes())
 	return err
 }
 
@@ -149,12 +99,12 @@ func (s *safeSockets) ctlConn(nc net.Conn) {
 // connection the app has not accepted yet.
 func (s *safeSockets) route(f frame, nc net.Conn) {
 	s.mu.Lock()
-	c := s.byID[f.id]
-	if c == nil && !s.gone[f.id] && (f.typ == fOpen || f.typ == fResume) {
-		p := s.pending[f.id]
+	c := s.byID[f.ID]
+	if c == nil && !s.gone[f.ID] && (f.Type == wire.Open || f.Type == wire.Resume) {
+		p := s.pending[f.ID]
 		if p == nil {
-			p = &pendingConn{s: s, id: f.id}
-			s.pending[f.id] = p
+			p = &pendingConn{s: s, id: f.ID}
+			s.pending[f.ID] = p
 		}
 		s.mu.Unlock()
 		p.hold(f, nc)
@@ -163,11 +113,11 @@ func (s *safeSockets) route(f frame, nc net.Conn) {
 	s.mu.Unlock()
 	switch {
 	case c == nil:
-		writeFrame(nc, frame{typ: fRefuse, id: f.id})
+		writeFrame(nc, frame{Type: wire.Refuse, ID: f.ID})
 		nc.Close()
-	case f.typ == fOpen:
-		c.attachCtl(nc, f.attempt)
-	case f.typ == fResume:
+	case f.Type == wire.Open:
+		c.attachCtl(nc, f.Attempt)
+	case f.Type == wire.Resume:
 		c.acceptResume(nc, f)
 	default:
 		nc.Close()
@@ -200,7 +150,7 @@ func (p *pendingConn) hold(f frame, nc net.Conn) {
 		p.s.route(f, nc)
 		return
 	}
-	if f.typ == fOpen {
+	if f.Type == wire.Open {
 		if p.ctl != nil {
 			p.ctl.Close()
 		}
@@ -213,7 +163,7 @@ func (p *pendingConn) hold(f frame, nc net.Conn) {
 		p.resume, p.resumeF = nc, f
 		if !p.stood {
 			p.stood = true
-			go p.s.sendStandIn(p.id, f.listener)
+			go p.s.sendStandIn(p.id, f.Listener)
 		}
 	}
 	p.mu.Unlock()
@@ -229,7 +179,7 @@ func (p *pendingConn) ackNothing(nc net.Conn) {
 			p.mu.Unlock()
 			return
 		}
-		err := writeFrame(nc, frame{typ: fAck, id: p.id, v1: 0, v2: math.MaxUint64})
+		err := writeFrame(nc, frame{Type: wire.Ack, ID: p.id, V1: 0, V2: math.MaxUint64})
 		p.mu.Unlock()
 		if err != nil {
 			return // the initiator went away; a resume may still come
@@ -244,7 +194,7 @@ func (p *pendingConn) adopt(c *conn) {
 	ctl, ctlF, resume, resumeF := p.ctl, p.ctlF, p.resume, p.resumeF
 	p.mu.Unlock()
 	if ctl != nil {
-		c.attachCtl(ctl, ctlF.attempt)
+		c.attachCtl(ctl, ctlF.Attempt)
 	}
 	if resume != nil {
 		go c.acceptResume(resume, resumeF)
@@ -275,7 +225,7 @@ func (s *safeSockets) resumeOf(peer netip.AddrPort) (id uint64, from netip.Addr,
 		p.mu.Lock()
 		nc, f := p.resume, p.resumeF
 		p.mu.Unlock()
-		if nc == nil || f.port != peer.Port() {
+		if nc == nil || f.Port != peer.Port() {
 			continue
 		}
 		src := nc.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
@@ -372,7 +322,7 @@ func (s *safeSockets) acceptStandIn(fd int, st *standIn) bool {
 	resume, f := p.resume, p.resumeF
 	p.mu.Unlock()
 	src := resume.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
-	paddr := netip.AddrPortFrom(s.loc.logical(src), f.port)
+	paddr := netip.AddrPortFrom(s.loc.logical(src), f.Port)
 	c := s.newConn(fd, st.id, false, s.acceptedName(fd), paddr)
 	if c == nil {
 		return true
@@ -482,7 +432,7 @@ func (c *conn) openCtl(attempt uint32) {
 	c.mu.Unlock()
 	nc, err := net.DialTimeout("tcp4", addr.String(), dialTimeout)
 	if err == nil {
-		if err = writeFrame(nc, frame{typ: fOpen, attempt: attempt, id: c.id, listener: c.paddr.Port()}); err != nil {
+		if err = writeFrame(nc, frame{Type: wire.Open, Attempt: attempt, ID: c.id, Listener: c.paddr.Port()}); err != nil {
 			nc.Close()
 		}
 	}
@@ -525,7 +475,7 @@ func (c *conn) ackFrame() frame {
 	if closed {
 		v1 = math.MaxUint64
 	}
-	return frame{typ: fAck, id: c.id, v1: v1, v2: end}
+	return frame{Type: wire.Ack, ID: c.id, V1: v1, V2: end}
 }
 
 // sendAcks sends the delivered offset every heartbeat, and at once when
@@ -576,16 +526,16 @@ func (c *conn) readCtl(nc net.Conn) {
 			return
 		}
 		c.lastHeard.Store(time.Now().UnixNano())
-		if f.typ != fAck {
+		if f.Type != wire.Ack {
 			continue
 		}
-		if f.v1 == math.MaxUint64 {
+		if f.V1 == math.MaxUint64 {
 			C.radic_conn_ack_all(c.c)
 		} else {
-			C.radic_conn_set_acked(c.c, C.uint64_t(f.v1))
+			C.radic_conn_set_acked(c.c, C.uint64_t(f.V1))
 		}
-		if f.v2 != math.MaxUint64 {
-			C.radic_conn_set_peer_end(c.c, C.uint64_t(f.v2))
+		if f.V2 != math.MaxUint64 {
+			C.radic_conn_set_peer_end(c.c, C.uint64_t(f.V2))
 		}
 		select {
 		case c.room <- struct{}{}:
@@ -817,7 +767,7 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 	attempt, end := c.attempt, c.end
 	c.mu.Unlock()
 	recvd := uint64(C.radic_conn_recvd(c.c))
-	if err := writeFrameFd(fd, frame{typ: fResume, port: c.laddr.Port(), attempt: attempt, id: c.id, v1: recvd, v2: end, listener: c.paddr.Port()}); err != nil {
+	if err := writeFrameFd(fd, frame{Type: wire.Resume, Port: c.laddr.Port(), Attempt: attempt, ID: c.id, V1: recvd, V2: end, Listener: c.paddr.Port()}); err != nil {
 		return false
 	}
 	f, err := readFrameFd(fd)
@@ -825,7 +775,7 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 		debugf("connection %s: resume %d: %v", c, attempt, err)
 		return false
 	}
-	if f.typ == fRefuse {
+	if f.Type == wire.Refuse {
 		c.mu.Lock()
 		if !c.failed {
 			c.failLocked(int(syscall.ECONNRESET), "the peer process no longer knows the connection")
@@ -833,10 +783,10 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 		c.mu.Unlock()
 		return true
 	}
-	if f.typ != fResumed || writeFrameFd(fd, frame{typ: fGo, attempt: attempt, id: c.id}) != nil {
+	if f.Type != wire.Resumed || writeFrameFd(fd, frame{Type: wire.Go, Attempt: attempt, ID: c.id}) != nil {
 		return false
 	}
-	c.commit(fd, gen, f.v1, f.v2)
+	c.commit(fd, gen, f.V1, f.V2)
 	go c.openCtl(attempt)
 	return true
 }
@@ -847,7 +797,7 @@ func (c *conn) acceptResume(nc net.Conn, f frame) {
 	defer c.resumeMu.Unlock()
 	defer nc.Close()
 	c.mu.Lock()
-	stale := f.attempt <= c.attempt || c.failed
+	stale := f.Attempt <= c.attempt || c.failed
 	gen := c.gen
 	c.mu.Unlock()
 	if stale {
@@ -859,10 +809,10 @@ func (c *conn) acceptResume(nc net.Conn, f frame) {
 	gen, end := c.gen, c.end
 	c.mu.Unlock()
 	recvd := uint64(C.radic_conn_recvd(c.c))
-	if writeFrame(nc, frame{typ: fResumed, attempt: f.attempt, id: c.id, v1: recvd, v2: end}) != nil {
+	if writeFrame(nc, frame{Type: wire.Resumed, Attempt: f.Attempt, ID: c.id, V1: recvd, V2: end}) != nil {
 		return
 	}
-	if g, err := readFrame(nc, handshakeWait); err != nil || g.typ != fGo {
+	if g, err := readFrame(nc, handshakeWait); err != nil || g.Type != wire.Go {
 		return
 	}
 	raw, err := nc.(*net.TCPConn).SyscallConn()
@@ -875,10 +825,10 @@ func (c *conn) acceptResume(nc net.Conn, f frame) {
 		return
 	}
 	c.mu.Lock()
-	c.attempt = f.attempt
+	c.attempt = f.Attempt
 	c.ctlAddr = netip.AddrPortFrom(nc.RemoteAddr().(*net.TCPAddr).AddrPort().Addr(), c.ctlAddr.Port())
 	c.mu.Unlock()
-	c.commit(fd, gen, f.v1, f.v2)
+	c.commit(fd, gen, f.V1, f.V2)
 	C.radic_sock_close(C.int(fd))
 }
 

@@ -10,7 +10,6 @@ package main
 import "C"
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
@@ -25,6 +24,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/radic-project/radic/shim/wire"
 )
 
 // Tunables. The heartbeat doubles as the acknowledgement of delivered
@@ -41,10 +42,6 @@ const (
 	handshakeWait  = time.Second
 	defaultTimeout = 60 * time.Second // RADIC_DEADLINE
 )
-
-var helloMagic = [8]byte{'R', 'A', 'D', 'I', 'C', 0, 1, 0}
-
-const helloLen = 32
 
 // safeSockets is the process's control plane for its managed connections.
 type safeSockets struct {
@@ -237,15 +234,8 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		self = local.Addr()
 	}
 	laddr := netip.AddrPortFrom(self, local.Port())
-	var hello [helloLen]byte
-	copy(hello[:8], helloMagic[:])
-	binary.BigEndian.PutUint64(hello[8:], s.jobHash)
-	binary.BigEndian.PutUint64(hello[16:], id)
-	a := laddr.Addr().As4()
-	copy(hello[24:28], a[:])
-	binary.BigEndian.PutUint16(hello[28:], laddr.Port())
-	binary.BigEndian.PutUint16(hello[30:], s.ctlPort)
-	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&hello[0]), helloLen, 5000); e < 0 {
+	hello := wire.Hello{Job: s.jobHash, ID: id, From: laddr, CtlPort: s.ctlPort}.Bytes()
+	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&hello[0]), wire.HelloLen, 5000); e < 0 {
 		return -1, int(syscall.ECONNRESET), true
 	}
 	ctl, _ := netip.ParseAddrPort(loc.Ctl)
@@ -410,9 +400,10 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 			wait = strangerWait
 		}
 	}
-	var buf [helloLen]byte
+	var buf [wire.HelloLen]byte
 	var id uint64
 	var paddr netip.AddrPort
+	var ctlPort uint16
 	deadline := time.Now().Add(wait)
 	for {
 		left := min(time.Until(deadline), 50*time.Millisecond)
@@ -420,24 +411,26 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 			debugf("fd %d from %s: no radic hello within %v: plain TCP", fd, peer, wait)
 			return true
 		}
-		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, C.int(left.Milliseconds()+1)))
+		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), wire.HelloLen, C.int(left.Milliseconds()+1)))
 		if n < 0 {
 			return true
 		}
-		k := min(n, 8)
-		if !bytes.Equal(buf[:k], helloMagic[:k]) {
+		if !wire.MayBeHello(buf[:n]) {
 			return true // someone else's protocol
 		}
-		if n == helloLen {
-			if binary.BigEndian.Uint64(buf[8:]) != s.jobHash {
+		if n == wire.HelloLen {
+			h, err := wire.ParseHello(buf[:])
+			if err != nil {
+				return true
+			}
+			if h.Job != s.jobHash {
 				logf("fd %d from %s: a radic hello from another job: plain TCP", fd, peer)
 				return true
 			}
-			if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&buf[0]), helloLen, 1000); e < 0 {
+			if e := C.radic_sock_read_full(C.int(fd), unsafe.Pointer(&buf[0]), wire.HelloLen, 1000); e < 0 {
 				return true
 			}
-			id = binary.BigEndian.Uint64(buf[16:])
-			paddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[24:28])), binary.BigEndian.Uint16(buf[28:]))
+			id, paddr, ctlPort = h.ID, h.From, h.CtlPort
 			break
 		}
 		if n == 0 {
@@ -457,7 +450,7 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 	if c == nil {
 		return true
 	}
-	c.ctlAddr = netip.AddrPortFrom(peer.Addr(), binary.BigEndian.Uint16(buf[30:]))
+	c.ctlAddr = netip.AddrPortFrom(peer.Addr(), ctlPort)
 	debugf("connection %s: accepted from %s", c, paddr)
 	if p := s.takePending(id); p != nil {
 		p.adopt(c)
