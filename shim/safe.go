@@ -324,6 +324,30 @@ func (s *safeSockets) bind(fd int, sa unsafe.Pointer, salen int) (int, int, bool
 	return 0, 0, true
 }
 
+// inheritBinding: a plain connection accepted on a listener bound to the
+// logical address (really the wildcard) is known by the logical address
+// too, as it would be bare; a managed one answers from its own state.
+// (Over loopback the kernel's answer stands: a bare listener on the
+// logical address would never have accepted it.)
+func (s *safeSockets) inheritBinding(lfd, fd int) {
+	if C.radic_is_managed(C.int(fd)) != 0 {
+		return
+	}
+	s.mu.Lock()
+	ip, ok := s.bound[lfd]
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	if local, err := sockName(fd, false); err != nil || local.Addr().IsLoopback() {
+		return
+	}
+	s.mu.Lock()
+	s.bound[fd] = ip
+	s.mu.Unlock()
+	C.radic_fd_set(C.int(fd), C.RADIC_FD_CANDIDATE) // its getsockname comes here
+}
+
 // getsockname of a socket bound through bind: its logical address.
 func (s *safeSockets) getsockname(fd int, sa unsafe.Pointer, salen unsafe.Pointer) (int, int, bool) {
 	s.mu.Lock()
@@ -703,6 +727,7 @@ func (s *safeSockets) dispatch(c *C.struct_radic_call) C.int {
 			c.ret = C.RADIC_ACCEPT_HIDE
 			return C.RADIC_DONE
 		}
+		s.inheritBinding(fd, int(c.args[0]))
 	case C.RADIC_OP_dup:
 		s.dup(fd, int(c.args[0]))
 	case C.RADIC_OP_close:

@@ -115,3 +115,49 @@ func checkLogical(t *testing.T, out string, conns int, logical map[int]string) {
 		}
 	}
 }
+
+// TestLogicalAddressesPlainPeer: a connection from a peer that is not
+// under radic is plain, but the rank that accepted it on a listener bound
+// to its logical address still sees itself there, after a readdress, as
+// it would bare (the kernel would say the node's new address: the
+// listener is really on the wildcard). The plain peer, which reached the
+// node at its current address, sees that address, as bare.
+func TestLogicalAddressesPlainPeer(t *testing.T) {
+	if bare() {
+		t.Skip("bare mode: the test is of radic's address translation")
+	}
+	c := newCluster(t, 2)
+	bin := testenv.Artifact(t, "build/apps/addrs")
+	logical := c.logicalAddrs()
+	c.fault(nil, "readdress", "0")
+	moved := c.addr(0)
+	// Rank 1 runs bare and connects to where node 0 is now.
+	script := `if [ "$RADIC_RANK" = 1 ]; then RADIC_PEERS=$(echo "$RADIC_PEERS" | sed "s/^$LOGICAL0:/$MOVED0:/"); export RADIC_PEERS; exec env -u LD_PRELOAD "$@"; fi; exec "$@"`
+	j := c.start(runOpts{np: 2, nodes: "0,1", what: "addrs, rank 1 bare", env: []string{"LOGICAL0=" + logical[0], "MOVED0=" + moved}},
+		"/bin/sh", "-c", script, "sh", bin, "3")
+	if code := j.wait(time.Minute); code != 0 {
+		t.Fatalf("addrs exited with status %d", code)
+	}
+	re := regexp.MustCompile(`addrs rank (\d) conn (\d+) accept=(\S+) peer=(\S+) self=(\S+)`)
+	lines := re.FindAllStringSubmatch(j.out.String(), -1)
+	if len(lines) != 6 {
+		t.Fatalf("want 6 address lines (2 ranks x 3 connections), got %d:\n%s", len(lines), j.out.String())
+	}
+	ip := func(ap string) string { h, _, _ := strings.Cut(ap, ":"); return h }
+	for _, l := range lines {
+		var wantSelf, wantPeer string
+		if l[1] == "0" {
+			wantSelf, wantPeer = logical[0], c.addr(1) // rank 1's node never moved
+		} else {
+			wantSelf, wantPeer = c.addr(1), moved
+		}
+		if ip(l[5]) != wantSelf || ip(l[4]) != wantPeer || (l[1] == "0" && ip(l[3]) != wantPeer) {
+			t.Errorf("rank %s conn %s saw accept=%s peer=%s self=%s; want itself at %s and its peer at %s",
+				l[1], l[2], l[3], l[4], l[5], wantSelf, wantPeer)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	t.Logf("node 0 moved from %s to %s; rank 0 accepted plain connections from %s and saw itself at %s", logical[0], moved, c.addr(1), logical[0])
+}
