@@ -368,6 +368,8 @@ type conn struct {
 
 	eofPending atomic.Bool
 	lastHeard  atomic.Int64 // unix ns of the last control frame (or swap)
+	heardDone  atomic.Bool  // the peer's acks say it reads no more
+	peerHeard  atomic.Bool  // the peer's acks say it heard that we read no more
 	resumeMu   sync.Mutex   // one resume at a time
 
 	mu          sync.Mutex
@@ -475,7 +477,11 @@ func (c *conn) ackFrame() frame {
 	if closed {
 		v1 = math.MaxUint64
 	}
-	return frame{Type: wire.Ack, ID: c.id, V1: v1, V2: end}
+	f := frame{Type: wire.Ack, ID: c.id, V1: v1, V2: end}
+	if c.heardDone.Load() {
+		f.Flags = wire.HeardDone
+	}
+	return f
 }
 
 // sendAcks sends the delivered offset every heartbeat, and at once when
@@ -512,7 +518,7 @@ func (c *conn) readCtl(nc net.Conn) {
 			// After our own close the channel's end is ours to ignore only
 			// once the peer has everything we sent: a channel that breaks
 			// before (a cut, a move) is a failure to resume from.
-			delivered := closed && uint64(C.radic_conn_acked(c.c)) >= end
+			delivered := closed && uint64(C.radic_conn_acked(c.c)) >= end && (!c.initiator || c.peerHeard.Load())
 			if delivered || c.peerFinished() {
 				c.finishQuietly()
 				return
@@ -529,8 +535,14 @@ func (c *conn) readCtl(nc net.Conn) {
 		if f.Type != wire.Ack {
 			continue
 		}
+		if f.Flags&wire.HeardDone != 0 {
+			c.peerHeard.Store(true)
+		}
 		if f.V1 == math.MaxUint64 {
 			C.radic_conn_ack_all(c.c)
+			if !c.heardDone.Swap(true) {
+				c.poke() // the peer may be waiting for this to go
+			}
 		} else {
 			C.radic_conn_set_acked(c.c, C.uint64_t(f.V1))
 		}
@@ -936,6 +948,27 @@ func (c *conn) waitAcked(end uint64) bool {
 	return false
 }
 
+// waitPeerHeard waits until the acceptor has heard that we read no more
+// (or the connection is over): only then may the initiator let go of a
+// closed connection. Its last ack may be lost to a move; the acceptor
+// cannot reconnect and would wait for it until its deadline, so the
+// initiator stays, resuming if it must, until the acceptor says so.
+func (c *conn) waitPeerHeard() {
+	deadline := time.Now().Add(c.s.deadline)
+	for !c.peerHeard.Load() && time.Now().Before(deadline) {
+		c.mu.Lock()
+		failed := c.failed
+		c.mu.Unlock()
+		if failed {
+			return
+		}
+		select {
+		case <-c.room:
+		case <-time.After(heartbeat / 5):
+		}
+	}
+}
+
 // close: the app let go of the connection. Send the marker, keep the socket
 // until the peer has everything, then let it go.
 func (c *conn) close() {
@@ -954,8 +987,11 @@ func (c *conn) close() {
 	c.s.lingering.Add(1)
 	go func() {
 		defer c.s.lingering.Done()
-		c.waitAcked(end)
-		time.Sleep(heartbeat) // let the peer hear our last acknowledgement
+		if c.waitAcked(end) && c.initiator {
+			c.waitPeerHeard()
+		} else {
+			time.Sleep(heartbeat) // let the peer hear our last acknowledgement
+		}
 		c.mu.Lock()
 		c.failed = true
 		if c.ctl != nil {

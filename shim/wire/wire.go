@@ -28,8 +28,18 @@ const (
 // FrameLen is the size of every control frame.
 const FrameLen = 40
 
+// Flags of an ack.
+const (
+	// HeardDone: I have heard that you read no more (your ack said V1 =
+	// MaxUint64), so I need nothing more from you. The initiator of a
+	// connection it has closed keeps it until it hears this: the acceptor
+	// cannot reconnect, so it must never be left waiting for an ack that
+	// was lost while the initiator went away.
+	HeardDone = 1
+)
+
 // A Frame is a control-channel message. On the wire: type, a zero byte,
-// Port, Attempt, ID, V1, V2, Listener, six zero bytes; big endian.
+// Port, Attempt, ID, V1, V2, Listener, Flags, five zero bytes; big endian.
 type Frame struct {
 	Type    byte
 	Port    uint16 // in a resume: the initiator's own port, which names the data stream it replaces
@@ -39,6 +49,7 @@ type Frame struct {
 	// In an open and a resume: the port the initiator connected to, which
 	// tells the acceptor where the app will accept the connection.
 	Listener uint16
+	Flags    byte // in an ack
 }
 
 // Bytes encodes f.
@@ -51,6 +62,7 @@ func (f Frame) Bytes() []byte {
 	binary.BigEndian.PutUint64(b[16:], f.V1)
 	binary.BigEndian.PutUint64(b[24:], f.V2)
 	binary.BigEndian.PutUint16(b[32:], f.Listener)
+	b[34] = f.Flags
 	return b
 }
 
@@ -61,12 +73,12 @@ func ParseFrame(b []byte) (Frame, error) {
 		return Frame{}, fmt.Errorf("control frame of %d bytes, want %d", len(b), FrameLen)
 	case b[0] < Open || b[0] > Refuse:
 		return Frame{}, fmt.Errorf("control frame of unknown type %d: % x", b[0], b)
-	case b[1] != 0 || !allZero(b[34:]):
+	case b[1] != 0 || !allZero(b[35:]):
 		return Frame{}, fmt.Errorf("control frame with nonzero reserved bytes: % x", b)
 	}
 	return Frame{Type: b[0], Port: binary.BigEndian.Uint16(b[2:]), Attempt: binary.BigEndian.Uint32(b[4:]),
 		ID: binary.BigEndian.Uint64(b[8:]), V1: binary.BigEndian.Uint64(b[16:]), V2: binary.BigEndian.Uint64(b[24:]),
-		Listener: binary.BigEndian.Uint16(b[32:])}, nil
+		Listener: binary.BigEndian.Uint16(b[32:]), Flags: b[34]}, nil
 }
 
 func allZero(b []byte) bool {

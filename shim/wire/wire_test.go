@@ -11,7 +11,7 @@ import (
 func TestFrameRoundTrip(t *testing.T) {
 	for _, f := range []Frame{
 		{Type: Open, Attempt: 3, ID: 1<<32 | 7, Listener: 20001},
-		{Type: Ack, ID: 9, V1: math.MaxUint64, V2: 12345},
+		{Type: Ack, ID: 9, V1: math.MaxUint64, V2: 12345, Flags: HeardDone},
 		{Type: Resume, Port: 40000, Attempt: math.MaxUint32, ID: math.MaxUint64, V1: 1, V2: 2, Listener: 65535},
 		{Type: Refuse, ID: 1},
 	} {
@@ -40,6 +40,7 @@ func TestParseFrameErrors(t *testing.T) {
 		{"type 7", mut(0, 7), "unknown type 7"},
 		{"reserved byte 1", mut(1, 1), "nonzero reserved"},
 		{"reserved tail", mut(39, 1), "nonzero reserved"},
+		{"reserved after the flags", mut(35, 1), "nonzero reserved"},
 	} {
 		if _, err := ParseFrame(tc.b); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.want)
