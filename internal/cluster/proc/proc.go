@@ -257,6 +257,13 @@ func (p *Pending) Go() (*exec.Cmd, error) {
 	defer p.statR.Close()
 	_, err := p.gateW.Write(p.msg)
 	p.gateW.Close()
+	if errors.Is(err, syscall.EPIPE) {
+		// Only the helper holds the gate's read end: it is dead already,
+		// killed while it waited (its pid was in the state, so a
+		// kill-rank could reach it). How it died is the rank's exit,
+		// which the caller's Wait reports, as for a program killed later.
+		return p.cmd, nil
+	}
 	if err != nil {
 		_ = p.cmd.Process.Kill()
 		_ = p.cmd.Wait()
