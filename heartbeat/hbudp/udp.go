@@ -7,15 +7,27 @@
 // changes a peer's address with SetPeer when the peer moves, and learns of a
 // move it missed through OnNewSource, which reports a peer whose datagrams
 // come from an address other than the one it is sent to.
+//
+// That only works while at least one side of a pair knows where the other
+// is. Two nodes that move within one announcement's latency of each other
+// both send to addresses that are gone, and neither ever hears from the
+// other again. So after a move the daemon turns on a beacon (Beacon): for
+// a while every datagram also goes out of the node's interface to the
+// limited broadcast address, which reaches every node on the segment
+// whatever addresses they have; the receivers see the sender's datagrams
+// come from its new address and ask it where it is (OnNewSource).
 package hbudp
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/radic-project/radic/heartbeat"
 )
@@ -37,7 +49,19 @@ type Transport struct {
 	onSource func(heartbeat.NodeID, netip.AddrPort)
 	// +checklocks:mu
 	noted map[heartbeat.NodeID]sourceNote
+	// +checklocks:mu
+	beacon beacon
 }
+
+// beacon is where and until when every datagram is also broadcast.
+type beacon struct {
+	pktinfo []byte // IP_PKTINFO naming the interface (nil: no beacon)
+	until   time.Time
+}
+
+// limitedBroadcast is 255.255.255.255: it needs no route and no broadcast
+// address on the interface, only the interface to leave by.
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
 type sourceNote struct {
 	src netip.AddrPort
@@ -96,16 +120,56 @@ func (t *Transport) OnNewSource(f func(from heartbeat.NodeID, src netip.AddrPort
 	t.onSource = f
 }
 
+// Beacon makes every datagram sent before until also go out of the
+// interface with index ifindex to the limited broadcast address, at the
+// port of the peer it is for (see the package doc). A later call replaces
+// an earlier one; until in the past turns the beacon off.
+func (t *Transport) Beacon(ifindex int, until time.Time) error {
+	rc, err := t.conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("hbudp beacon: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1)
+	}); err != nil {
+		return fmt.Errorf("hbudp beacon: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("hbudp beacon: SO_BROADCAST: %w", serr)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.beacon = beacon{pktinfo: pktinfo(ifindex), until: until}
+	return nil
+}
+
+// pktinfo is an IP_PKTINFO control message that sends by interface ifindex.
+func pktinfo(ifindex int) []byte {
+	b := make([]byte, syscall.CmsgSpace(syscall.SizeofInet4Pktinfo))
+	h := (*syscall.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level = syscall.IPPROTO_IP
+	h.Type = syscall.IP_PKTINFO
+	h.SetLen(syscall.CmsgLen(syscall.SizeofInet4Pktinfo))
+	// struct in_pktinfo { int ipi_ifindex; struct in_addr ipi_spec_dst, ipi_addr; }
+	binary.NativeEndian.PutUint32(b[syscall.CmsgLen(0):], uint32(ifindex))
+	return b
+}
+
 // Send implements heartbeat.Transport.
 func (t *Transport) Send(to heartbeat.NodeID, b []byte) error {
-	a, ok := t.Peer(to)
+	t.mu.RLock()
+	a, ok := t.peers[to]
+	bc := t.beacon
+	t.mu.RUnlock()
 	if !ok {
 		return fmt.Errorf("hbudp: no address for node %d", to)
 	}
-	if _, err := t.conn.WriteToUDPAddrPort(b, a); err != nil {
-		// ECONNREFUSED from an earlier ICMP, no route while the node's
-		// address changes, and the like: a lost datagram.
-		return nil
+	// Errors are lost datagrams: ECONNREFUSED from an earlier ICMP, no
+	// route while the node's address changes, and the like.
+	_, _ = t.conn.WriteToUDPAddrPort(b, a)
+	if bc.pktinfo != nil && time.Now().Before(bc.until) {
+		_, _, _ = t.conn.WriteMsgUDPAddrPort(b, bc.pktinfo, netip.AddrPortFrom(limitedBroadcast, a.Port()))
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package hbudp
 
 import (
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -108,5 +109,58 @@ func TestMovedPeer(t *testing.T) {
 	}
 	if a.LocalAddr().Addr() != netip.IPv4Unspecified() {
 		t.Errorf("wildcard bind gave %v, want an IPv4 socket", a.LocalAddr())
+	}
+}
+
+// Beacon: while it is on, every datagram also goes to the limited
+// broadcast address out of the named interface (here the loopback), so a
+// receiver bound to the wildcard address gets it twice; once it has run
+// out, once.
+func TestBeacon(t *testing.T) {
+	a, err := Listen(netip.MustParseAddrPort("0.0.0.0:0"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	port := a.LocalAddr().Port()
+	b, err := Listen(netip.MustParseAddrPort("127.78.0.231:0"), map[heartbeat.NodeID]netip.AddrPort{
+		0: netip.AddrPortFrom(netip.MustParseAddr("127.78.0.230"), port)})
+	if err != nil {
+		t.Skipf("cannot bind 127.78.0.231: %v", err)
+	}
+	defer b.Close()
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Skipf("no loopback interface: %v", err)
+	}
+	count := func(seq uint64) int {
+		m := heartbeat.Message{Type: heartbeat.MsgHeartbeat, From: 1, To: 0, FromInc: 3, Seq: seq}
+		if err := b.Send(0, m.Append(nil)); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		buf := make([]byte, heartbeat.MaxDatagram)
+		a.conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		for {
+			k, _, err := a.conn.ReadFromUDPAddrPort(buf) // Recv retries timeouts
+			if err != nil {
+				return n
+			}
+			if got, err := heartbeat.Decode(buf[:k]); err == nil && got.Seq == seq {
+				n++
+			}
+		}
+	}
+	if err := b.Beacon(lo.Index, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(1); n != 2 {
+		t.Errorf("with the beacon on, the datagram arrived %d times, want 2 (unicast and broadcast)", n)
+	}
+	if err := b.Beacon(lo.Index, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(2); n != 1 {
+		t.Errorf("with the beacon off, the datagram arrived %d times, want 1", n)
 	}
 }

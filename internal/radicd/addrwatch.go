@@ -130,6 +130,7 @@ func (d *Daemon) initAddress() (ifi net.Interface, ok bool) {
 			d.log.Warn("not following this node's address (a readdress would make this node unreachable)", "err", err)
 		} else {
 			ok = true
+			d.beaconIf.Store(int32(ifi.Index))
 			if as, err := ifaceAddrs(ifi.Index); err == nil && len(as) > 0 && !slices.Contains(as, logical) {
 				cur = as[0]
 			}
@@ -206,6 +207,7 @@ func (d *Daemon) routineAddrWatch(ctx context.Context, ifi net.Interface) {
 			// The interface went away; a new one may carry its name.
 			if n, err := net.InterfaceByName(ifi.Name); err == nil {
 				index = n.Index
+				d.beaconIf.Store(int32(index))
 			}
 			continue
 		}

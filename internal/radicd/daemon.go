@@ -43,6 +43,10 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
+	hb          *hbudp.Transport
+	// beaconIf is the index of the interface this node's address is on,
+	// when radicd follows it (0: it does not).
+	beaconIf atomic.Int32
 
 	// OnEvent, if set before Run, sees every ring event after the daemon
 	// handled it (the protector's recovery hooks in here).
@@ -51,6 +55,21 @@ type Daemon struct {
 	fenceMu sync.Mutex
 	// +checklocks:fenceMu
 	lastFence FenceReport
+}
+
+// beacon makes this node's heartbeats also go out as broadcasts for as
+// long as it announces a move: a peer that moved at about the same time
+// has missed the announcement and sends to this node's old address, and
+// only a datagram that needs no address can tell it where this node is
+// now (package hbudp's doc).
+func (d *Daemon) beacon() {
+	i := d.beaconIf.Load()
+	if i == 0 || d.hb == nil {
+		return
+	}
+	if err := d.hb.Beacon(int(i), time.Now().Add(announceFor)); err != nil {
+		d.log.Warn("cannot broadcast this node's heartbeats after its move: a peer that moved at the same time may not find it", "err", err)
+	}
 }
 
 // FenceReport says what the last self-fencing did.
@@ -165,6 +184,8 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	// a new address is asked where it is.
 	d.loc.setPeer = func(id int, a netip.AddrPort) { tr.SetPeer(heartbeat.NodeID(id), a) }
 	tr.OnNewSource(d.loc.noteSource)
+	d.hb = tr
+	d.loc.selfMoved = d.beacon
 	d.runner, err = heartbeat.NewRunner(heartbeat.RunnerConfig{
 		Core: d.cfg.HeartbeatConfig(d.inc), Transport: tr, Stats: &d.stats,
 		Logger: d.log, OnEvent: d.onEvent,

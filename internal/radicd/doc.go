@@ -45,7 +45,12 @@
 // A daemon that missed the announcement learns the move from the node's
 // heartbeats, which come from the new address (hbudp reports the source;
 // the daemon asks the node's daemon there), or from the node list of
-// another daemon, compared round robin every 2 s. Heartbeats to a moved node
+// another daemon, compared round robin every 2 s. Two nodes that move at
+// about the same time both announce to, and heartbeat, the address the
+// other had, and no addressed datagram can reach either again; so for 10 s
+// after a move a node's heartbeats also go out of its interface to the
+// limited broadcast address (hbudp's beacon), which reaches every node on
+// the segment whatever its address. Heartbeats to a moved node
 // follow it, so a readdress is not a failure: nobody is declared dead and
 // the node does not fence itself.
 package radicd

@@ -80,6 +80,9 @@ type locator struct {
 	setPeer func(id int, addr netip.AddrPort)
 	// persist, when set, records this node's address and generation.
 	persist func(addrState) error
+	// selfMoved, when set, is called after this node moved, before the
+	// move is announced (the daemon turns on its heartbeat beacon).
+	selfMoved func()
 
 	lookups    *prometheus.CounterVec
 	moves      *prometheus.CounterVec
@@ -516,6 +519,9 @@ func (l *locator) moveSelf(addr netip.Addr, minGen uint64, why string) uint64 {
 	}
 	// Pooled connections to the peers carry the old source address.
 	l.client.CloseIdleConnections()
+	if l.selfMoved != nil {
+		l.selfMoved()
+	}
 	l.moves.WithLabelValues(viaSelf).Inc()
 	l.log.Warn("this node's address changed: announcing it", "from", old.Addr, "addr", addr, "gen", gen, "logical", old.Logical, "why", why)
 	l.announce(moveOf(l.self, addr, gen))
@@ -606,6 +612,11 @@ func (l *locator) routineSources(ctx context.Context) {
 		var rep reconfigure.NodesReply
 		if err := l.get(ctx, note.id, note.ip, reconfigure.PathNodes, &rep); err != nil {
 			l.log.Debug("a node's heartbeats come from a new address, but its daemon there did not answer", "src_node", note.id, "src", note.ip, "err", err)
+			// Ask again at the next note (hbudp makes one a second):
+			// the source may be all this node will ever hear of the move.
+			l.askMu.Lock()
+			delete(l.asked, note)
+			l.askMu.Unlock()
 			continue
 		}
 		for _, e := range rep.Nodes {

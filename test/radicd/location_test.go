@@ -542,3 +542,62 @@ func TestReaddressLearntFromHeartbeats(t *testing.T) {
 		t.Errorf("node 1's announcements were not dropped (%v push errors): the test tests nothing", e)
 	}
 }
+
+// TestSimultaneousReaddress: two nodes move while neither can tell the
+// other (their outgoing TCP to the daemons' port is dropped, as when each
+// move's announcement is still on its way when the other node moves), so
+// each sends its heartbeats and announcements to the address the other
+// had. Nothing addressed can reach the other side again; only the
+// heartbeats a moved node broadcasts (hbudp's beacon) can. Once the drop
+// rules go, both must learn where the other is now. (Before the beacon,
+// the ranks of a readdress storm lost each other for good: 1 run in 50 of
+// TestLogicalAddressesReaddressStorm under load.)
+func TestSimultaneousReaddress(t *testing.T) {
+	c := newNetnsCluster(t, 2)
+	nft := func(netns string, cmd string) {
+		t.Helper()
+		if b, err := exec.Command("ip", append([]string{"netns", "exec", netns, "nft"}, strings.Fields(cmd)...)...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %s in %s: %v\n%s", cmd, netns, err, b)
+		}
+	}
+	st := c.state()
+	for _, n := range st.Nodes {
+		nft(n.Netns, "add table inet radtest")
+		nft(n.Netns, "add chain inet radtest out { type filter hook output priority 0 ; policy accept ; }")
+		nft(n.Netns, fmt.Sprintf("add rule inet radtest out tcp dport %d drop", cluster.RadicdPort))
+	}
+	for _, id := range []string{"0", "1"} {
+		if msg, err := c.radic("fault", "readdress", id); err != nil {
+			t.Fatalf("readdress: %v\n%s", err, msg)
+		}
+	}
+	st = c.state()
+	knows := func(id, other int) bool {
+		d, _ := c.daemon(id)
+		var nodes reconfigure.NodesReply
+		if _, err := getJSON("http://"+d+reconfigure.PathNodes, &nodes); err != nil || len(nodes.Nodes) != 2 {
+			return false
+		}
+		o, _ := st.Node(other)
+		return nodes.Nodes[other].Addr == o.Addr
+	}
+	// Long enough for every addressed path (announcements, heartbeats)
+	// to have been tried and lost.
+	time.Sleep(time.Second)
+	if knows(0, 1) || knows(1, 0) {
+		t.Fatalf("a node learnt the other's new address while every TCP to the daemons was dropped: the test tests nothing")
+	}
+	for _, n := range st.Nodes {
+		nft(n.Netns, "delete table inet radtest")
+	}
+	t0 := time.Now()
+	for _, pair := range [][2]int{{0, 1}, {1, 0}} {
+		for !knows(pair[0], pair[1]) {
+			if time.Since(t0) > 5*time.Second {
+				t.Fatalf("node %d does not know node %d's new address 5 s after the drop rules went", pair[0], pair[1])
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("node %d knows node %d's new address %v after the drop rules went", pair[0], pair[1], time.Since(t0).Round(time.Millisecond))
+	}
+}
