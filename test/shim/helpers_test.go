@@ -102,33 +102,42 @@ func preloadEnv(lib string) string { return "LD_PRELOAD=" + lib }
 
 // run runs argv with the base environment plus env, in a process group of
 // its own that is killed as a whole when timeout expires (launchers leave
-// children behind otherwise).
+// children behind otherwise). A run that times out is backtraced before
+// it is killed, and the kill waits for the backtraces: with a Context and
+// cmd.Cancel, Wait gave up WaitDelay after the deadline while gdb was
+// still attached to the ranks (slow with Go's threads in them), so a
+// known upstream hang came back with no stacks and was taken for ours.
 func run(t testing.TB, timeout time.Duration, env []string, argv ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(baseEnv(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var stacks map[string]string
-	cmd.Cancel = func() error {
-		stacks = treeStacks(cmd.Process.Pid)
-		// Where the bytes are: queued at a receiver, a sender, or nowhere.
-		if ss, err := exec.Command("ss", "-tnpi").CombinedOutput(); err == nil {
-			stacks["(sockets: ss -tnpi)"] = string(ss)
-		}
-		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	}
-	cmd.WaitDelay = 5 * time.Second
+	cmd.WaitDelay = 5 * time.Second // an orphan that holds the output pipes
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	r := result{cmd: describe(env, argv)}
 	start := time.Now()
-	err := cmd.Run()
+	err := cmd.Start()
+	if err == nil {
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		timer := time.NewTimer(timeout)
+		select {
+		case err = <-done:
+			timer.Stop()
+		case <-timer.C:
+			r.timedOut = true
+			r.stacks = treeStacks(cmd.Process.Pid)
+			// Where the bytes are: queued at a receiver, a sender, or nowhere.
+			if ss, serr := exec.Command("ss", "-tnpi").CombinedOutput(); serr == nil {
+				r.stacks["(sockets: ss -tnpi)"] = string(ss)
+			}
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			err = <-done
+		}
+	}
 	r.dur = time.Since(start)
 	r.stdout, r.stderr = so.String(), se.String()
-	r.timedOut = ctx.Err() != nil
-	r.stacks = stacks
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -258,4 +267,24 @@ func treeStacks(pid int) map[string]string {
 		out[fmt.Sprintf("%s[%s]", procs[p].comm, p)] = string(bt)
 	}
 	return out
+}
+
+// TestRunBacktracesATimeout: a run that times out comes back with the
+// backtraces of its process tree, taken before it was killed (the MPI
+// tests tell an upstream hang from ours by them).
+func TestRunBacktracesATimeout(t *testing.T) {
+	testenv.RequireCommand(t, "gdb")
+	r := run(t, time.Second, nil, "sh", "-c", "sleep 30; true")
+	if !r.timedOut {
+		t.Fatalf("sleep 30 with a 1 s timeout: not timed out (%v)", r)
+	}
+	found := false
+	for name, bt := range r.stacks {
+		if strings.HasPrefix(name, "sleep[") && strings.Contains(bt, "nanosleep") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no backtrace of sleep in nanosleep among %d stacks: %v", len(r.stacks), formatStacks(r.stacks))
+	}
 }

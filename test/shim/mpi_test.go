@@ -165,7 +165,7 @@ func TestMPI(t *testing.T) {
 				}
 				pre := runMPI("managed-mode run", menv, argv)
 				if !pre.ok() || pre.stdout != bare.stdout {
-					t.Fatalf("managed-mode run failed or differs:\n%v\n%s", pre, diffLines(bare.stdout, pre.stdout))
+					t.Fatalf("managed-mode run failed or differs:\n%v\n%s\n%s", pre, diffLines(bare.stdout, pre.stdout), formatStacks(pre.stacks))
 				}
 				c := readCounts(t, counts)
 				in, out := c["read"]+c["readv"]+c["recv"]+c["recvfrom"]+c["recvmsg"],
