@@ -217,3 +217,12 @@ func Append(b []byte, r *Record) []byte {
 	}
 	return b
 }
+
+// Owner is the msglog Owner of a process's log: the job in the high 32
+// bits (a fold of the FNV-1a 64 hash of the job id, as the shim's hello
+// carries it) and the logical process id in the low 32 (the top half of
+// its connection ids). Protectors keep the logs of many jobs, whose ranks
+// reuse the same ids.
+func Owner(jobHash uint64, lpid uint32) uint64 {
+	return uint64(uint32(jobHash>>32)^uint32(jobHash))<<32 | uint64(lpid)
+}
