@@ -217,6 +217,9 @@ func (r *logRing) setError(msg string) {
 // full ring frees) in steps of this size while a large backlog ships.
 const logBatch = 1 << 20
 
+// logBacklog: an awake radicd ships again at once when this much waits.
+const logBacklog = 256 << 10
+
 // boundary is the end of the last record that starts before
 // r.stable+limit (at least one record), or head.
 func (r *logRing) boundary(head, limit uint64) uint64 {
@@ -274,8 +277,12 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			}
 			continue
 		}
-		if head == r.stable || (!idle && atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0) {
-			// Nothing to do, or nobody waits for it yet: batch more.
+		if head == r.stable || (!idle && head-r.stable < logBacklog && atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0) {
+			// Nothing to do, or little and nobody waits for it yet:
+			// batch more. A backlog of logBacklog keeps an awake radicd
+			// shipping (the process pays nothing for it), so that a
+			// stream whose receiver rarely waits is not logged in fits
+			// and starts, each ending when the waiter is satisfied.
 			r.sleep()
 			idle = true
 			continue
