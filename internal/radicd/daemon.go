@@ -88,7 +88,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			Buckets: DetectionBuckets,
 		}),
 	}
-	d.logs = &logRings{d: d}
+	d.logs = &logRings{log: log, replicate: func(ctx context.Context, body []byte) error {
+		_, err := d.replicate(ctx, body)
+		return err
+	}}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {

@@ -37,9 +37,12 @@ import (
 // side dies.
 
 type logRings struct {
-	d   *Daemon
 	ctx context.Context
 	wg  sync.WaitGroup
+	log *slog.Logger
+	// replicate stores encoded records on every protector (the daemon's
+	// replicate; a fake in tests).
+	replicate func(ctx context.Context, body []byte) error
 
 	bytes   atomic.Uint64
 	records atomic.Uint64
@@ -259,8 +262,7 @@ func (r *logRing) take(head uint64, buf []byte) []byte {
 // routineLogRing drains one process's ring until the process has exited
 // and everything it appended is shipped.
 func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
-	d := lr.d
-	log := d.log.With("lpid", r.reg.Lpid, "pid", r.reg.Pid, "job", r.reg.Job)
+	log := lr.log.With("lpid", r.reg.Lpid, "pid", r.reg.Pid, "job", r.reg.Job)
 	log.Info("RoutineLogRing starting", "ring_bytes", r.size)
 	defer func() {
 		r.close()
@@ -331,7 +333,7 @@ func (lr *logRings) ship(ctx context.Context, r *logRing, log *slog.Logger, body
 	var lastAt time.Time
 	failed := false
 	for {
-		_, err := lr.d.replicate(ctx, body)
+		err := lr.replicate(ctx, body)
 		if err == nil {
 			if failed {
 				lr.stuck.Add(-1)
