@@ -473,8 +473,10 @@ func (c *conn) ackFrame() frame {
 	c.mu.Lock()
 	closed, end := c.closed, c.end
 	c.mu.Unlock()
-	v1 := uint64(C.radic_conn_recvd(c.c))
-	if closed {
+	// With recovery, only what is stable in the log (min(delivered,
+	// logged)): the sender frees its ring up to what we acknowledge.
+	v1 := uint64(C.radic_conn_ackable(c.c))
+	if closed && v1 == uint64(C.radic_conn_recvd(c.c)) {
 		v1 = math.MaxUint64
 	}
 	f := frame{Type: wire.Ack, ID: c.id, V1: v1, V2: end}
@@ -494,6 +496,7 @@ func (c *conn) sendAcks(nc net.Conn) {
 		case <-t.C:
 		case <-c.kick:
 		}
+		c.flushLogFor()
 		if writeFrame(nc, c.ackFrame()) != nil {
 			return
 		}

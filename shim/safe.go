@@ -132,6 +132,14 @@ func newSafeSockets() *safeSockets {
 			s.deadline = d
 		}
 	}
+	if recoveryOn() {
+		if err := s.setupLog(daemon); err != nil {
+			// Recovery was asked for: running without the log would
+			// make a failure unrecoverable without anyone knowing.
+			logf("recovery is on (RADIC_RECOVERY=1) but this process cannot log what it receives: %v; stopping (radic run --no-recovery runs without)", err)
+			os.Exit(1)
+		}
+	}
 	ln, err := net.Listen("tcp4", "0.0.0.0:0")
 	if err != nil {
 		logf("cannot open the control listener (%v): connections are plain TCP", err)
@@ -747,6 +755,7 @@ func (s *safeSockets) dispatch(c *C.struct_radic_call) C.int {
 // exit runs at process end: every connection still open gets its close
 // marker, and the process waits (bounded) until the peers have every byte.
 func (s *safeSockets) exit() {
+	flushLogAtExit()
 	s.mu.Lock()
 	var open []*conn
 	seen := map[*conn]bool{}

@@ -81,7 +81,7 @@ func findCLib(flagValue string) (string, error) {
 func runCmd(args []string) error {
 	fs := flag.NewFlagSet("radic run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: radic run --np P [--per-node K] [--nodes LIST] [--tag-output] [--no-radic] -- CMD ARGS...")
+		fmt.Fprintln(os.Stderr, "usage: radic run --np P [--per-node K] [--nodes LIST] [--tag-output] [--no-radic] [--recovery|--no-recovery] -- CMD ARGS...")
 		fs.PrintDefaults()
 	}
 	var o cluster.RunOptions
@@ -93,9 +93,22 @@ func runCmd(args []string) error {
 	fs.BoolVar(&o.Stdin, "stdin", false, "give rank 0 radic's stdin (default /dev/null for every rank)")
 	fs.DurationVar(&o.Grace, "grace", 0, "time between SIGTERM and SIGKILL when the job is stopped (default 3s)")
 	noRadic := fs.Bool("no-radic", false, "run the ranks bare, without libradic.so in front of them")
+	// Recovery's pessimistic log (RADIC_RECOVERY=1 in the ranks, passed
+	// through the launcher's environment). Off by default for now: with it
+	// a rank's sends wait until its protectors hold what it received, so a
+	// cut or partition that isolates a protector stalls the job, which the
+	// safe-socket suites (recovery not built yet) do not expect.
+	recovery := fs.Bool("recovery", false, "log every received byte on the ranks' protectors before anything that depends on it leaves (pessimistic logging, RADIC_RECOVERY=1)")
+	noRecovery := fs.Bool("no-recovery", false, "no logging (today's default; wins over --recovery)")
 	lib := fs.String("lib", "", "the preload `library` (default $RADIC_LIB, or lib/libradic.so beside radic's bin/)")
 	if err := fs.Parse(args); err != nil {
 		return exitError{2}
+	}
+	switch {
+	case *noRecovery:
+		os.Setenv("RADIC_RECOVERY", "0")
+	case *recovery:
+		os.Setenv("RADIC_RECOVERY", "1")
 	}
 	if !*noRadic {
 		p, err := findLib(*lib)

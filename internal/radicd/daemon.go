@@ -43,6 +43,7 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
+	logs        *logRings // the processes' log rings (logring.go)
 	hb          *hbudp.Transport
 	// beaconIf is the index of the interface this node's address is on,
 	// when radicd follows it (0: it does not).
@@ -106,6 +107,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			Buckets: DetectionBuckets,
 		}),
 	}
+	d.logs = &logRings{log: log, replicate: func(ctx context.Context, body []byte) error {
+		_, err := d.replicate(ctx, body)
+		return err
+	}}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {
@@ -222,6 +227,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	d.loc.bgCtx = ctx // announcements of this node's moves end with it
+	d.logs.ctx = ctx
 	ifi, watch := d.initAddress()
 	var wg sync.WaitGroup
 	runErr := make(chan error, 1)
@@ -231,6 +237,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("GET /status", d.handleStatus)
 	mux.HandleFunc("GET /healthz", d.handleHealth)
 	mux.HandleFunc("POST /v1/log", d.handleLog)
+	mux.HandleFunc("POST /v1/logring", d.handleLogRing)
 	mux.HandleFunc("POST /v1/suspect", d.handleSuspect)
 	mux.HandleFunc("POST /v1/replica/append", d.handleReplicaAppend)
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
@@ -282,6 +289,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	wg.Wait()
 	d.loc.bg.Wait()
+	d.logs.wg.Wait()
 	if e := <-runErr; err == nil {
 		err = e
 	}

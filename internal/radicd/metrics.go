@@ -30,6 +30,7 @@ var MetricNames = []string{
 	"radic_replication_errors_total", "radic_reprotected_records_total",
 	"radic_location_lookups_total", "radic_location_moves_total", "radic_location_push_errors_total",
 	"radic_location_listeners", "radic_location_generation",
+	"radic_log_bytes", "radic_log_records", "radic_log_rings", "radic_log_stuck_rings",
 }
 
 // registerMetrics puts radicd's collectors on reg (never the global one).
@@ -101,6 +102,10 @@ func (d *Daemon) registerMetrics(reg *prometheus.Registry) {
 			return float64(avail)
 		}),
 		&ringCollector{d: d},
+		counter("radic_log_bytes", "Bytes received by this node's processes (with recovery on) and stored on all their protectors.", d.logs.bytes.Load),
+		counter("radic_log_records", "Log ring records (receives and their determinants) of this node's processes stored on all their protectors.", d.logs.records.Load),
+		gauge("radic_log_rings", "Processes of this node whose log rings radicd drains.", func() float64 { return float64(d.logs.active.Load()) }),
+		gauge("radic_log_stuck_rings", "Log rings whose last shipment to the protectors failed: their processes' sends wait.", func() float64 { return float64(d.logs.stuck.Load()) }),
 	)
 	reg.MustRegister(d.loc.collectors()...)
 }

@@ -13,6 +13,7 @@
  */
 #include "shim.h"
 #include "conn.h"
+#include "logring.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -334,6 +335,9 @@ ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, in
 	int nb = c->nonblock || (flags & MSG_DONTWAIT), err = 0;
 	if (total == 0)
 		return 0;
+	/* Pessimism: nothing leaves while bytes this process received are not
+	 * yet on its protectors (what we send may depend on them). */
+	radic_log_hold();
 	pthread_mutex_lock(&c->wlock);
 	for (;;) {
 		int st = load_state(c);
@@ -415,7 +419,8 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 	int nb = c->nonblock || (flags & MSG_DONTWAIT), err = 0;
 	int peek = flags & MSG_PEEK;
 	int waitall = (flags & MSG_WAITALL) && !nb && !peek;
-	int ack = 0;
+	int ack = 0, need_det = 0;
+	struct radic_log_hdr *lg = peek ? NULL : radic_logring;
 	pthread_mutex_lock(&c->rlock);
 	for (;;) {
 		int st = load_state(c);
@@ -449,6 +454,15 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 			m->msg_flags = t.msg_flags;
 			m->msg_namelen = t.msg_namelen;
 			m->msg_controllen = t.msg_controllen;
+			if (RADIC_UNLIKELY(lg != NULL)) {
+				/* Logged before recvd moves: an acknowledgement that
+				 * sees the new recvd sees this record's log_end. */
+				int only = done == 0 && (!waitall || (size_t)r == total);
+				uint64_t end = radic_log_data(c->id, m->msg_iov, m->msg_iovlen, done,
+							      (size_t)r, c->recvd, only);
+				need_det |= !only;
+				__atomic_store_n(&c->log_end, end, __ATOMIC_RELEASE);
+			}
 			if (!peek) {
 				__atomic_store_n(&c->recvd, c->recvd + (uint64_t)r, __ATOMIC_RELEASE);
 				if (c->recvd >= c->ack_due) {
@@ -485,6 +499,12 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 		pthread_mutex_unlock(&c->rlock);
 		report(c, gen, e, 0, nb);
 		pthread_mutex_lock(&c->rlock);
+	}
+	if (RADIC_UNLIKELY(lg != NULL) && (need_det || done == 0)) {
+		/* The call's result is a determinant: a count whose bytes were
+		 * logged in pieces, an end of stream, or an errno. */
+		long res = done > 0 ? (long)done : -(long)err;
+		__atomic_store_n(&c->log_end, radic_log_result(c->id, res, c->recvd), __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&c->rlock);
 	if (ack && radic_go_allowed()) {
@@ -808,7 +828,10 @@ int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, ui
 			ep_move(c, c->wake_fd, fds[0]);
 		if (resume_at > c->sent)
 			resume_at = c->sent;
-		if (resume_at > load64(&c->acked))
+		/* The peer's delivered offset frees the ring only without
+		 * recovery: with it, only the peer's acks (what it has logged)
+		 * do, since a restarted peer resumes from its log's end. */
+		if (radic_logring == NULL && resume_at > load64(&c->acked))
 			__atomic_store_n(&c->acked, resume_at, __ATOMIC_RELEASE);
 		c->wire = resume_at;
 		c->gen++;
@@ -900,6 +923,29 @@ void radic_conn_set_acked(struct radic_conn *c, uint64_t v)
 }
 
 uint64_t radic_conn_recvd(struct radic_conn *c) { return load64(&c->recvd); }
+
+/*
+ * What the control plane may acknowledge: with recovery, only bytes that
+ * are stable in the log, min(delivered, logged). recvd is read before
+ * log_end (the data path stores them in the other order), so a stable
+ * ring up to log_end covers every byte up to recvd; otherwise the last
+ * value found covered is kept. Lock-free: a reader may be in the kernel
+ * holding rlock.
+ */
+uint64_t radic_conn_ackable(struct radic_conn *c)
+{
+	uint64_t r = load64(&c->recvd);
+	if (radic_logring == NULL || radic_log_unsafe)
+		return r;
+	uint64_t end = load64(&c->log_end);
+	if (radic_log_stable() < end)
+		return load64(&c->log_acked);
+	uint64_t cur = load64(&c->log_acked);
+	while (r > cur && !__atomic_compare_exchange_n(&c->log_acked, &cur, r, 0, __ATOMIC_RELEASE,
+						       __ATOMIC_ACQUIRE))
+		;
+	return r > cur ? r : cur;
+}
 
 /* Lock-free: a writer may be blocked in the kernel holding wlock. */
 uint64_t radic_conn_sent(struct radic_conn *c) { return load64(&c->sent); }

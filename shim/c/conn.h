@@ -66,6 +66,12 @@ struct radic_conn {
 	uint64_t ack_due;  /* ask Go to acknowledge once recvd passes this */
 	uint64_t peer_end; /* atomic: the peer's close marker, or UINT64_MAX */
 
+	/* Recovery (logring.h): the log ring's offset just past this
+	 * connection's last record, stored before recvd moves past its bytes;
+	 * and the most that was found stable and acknowledged (atomic). */
+	uint64_t log_end;
+	uint64_t log_acked;
+
 	struct sockaddr_in laddr, paddr; /* the logical addresses the app sees */
 	int nep;
 	struct radic_epreg ep[RADIC_EP_MAX];
@@ -124,6 +130,7 @@ void radic_conn_ack_all(struct radic_conn *c);
 void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v);
 void radic_conn_set_acked(struct radic_conn *c, uint64_t v);
 uint64_t radic_conn_recvd(struct radic_conn *c);
+uint64_t radic_conn_ackable(struct radic_conn *c);
 uint64_t radic_conn_sent(struct radic_conn *c);
 uint64_t radic_conn_acked(struct radic_conn *c);
 uint64_t radic_conn_peer_end(struct radic_conn *c);

@@ -15,6 +15,7 @@
  */
 #include "shim.h"
 #include "conn.h"
+#include "logring.h"
 
 #include <fcntl.h>
 #include <string.h>
@@ -60,6 +61,10 @@ static void retire_fd(int fd)
 	unsigned f = radic_fd_get(fd);
 	if (f == 0 || !owner())
 		return;
+	/* A close of a connection sends its close marker: held like a send
+	 * until what this process received is logged. */
+	if (f & RADIC_FD_MANAGED)
+		radic_log_hold();
 	if (f & (RADIC_FD_MANAGED | RADIC_FD_LISTENER))
 		go_notify(RADIC_OP_close, fd, 0, 0, 0);
 	radic_conn_detach(fd);
@@ -498,6 +503,8 @@ int listen(int fd, int backlog)
 int shutdown(int fd, int how)
 {
 	long r;
+	if (MANAGED(fd) && how != SHUT_RD)
+		radic_log_hold(); /* the close marker, like a send */
 	if (MANAGED(fd) && GO(shutdown, fd, how, 0, 0, 0, 0, 0))
 		return (int)r;
 	return REAL(shutdown)(fd, how);

@@ -228,6 +228,21 @@ func (c *bc) runArgs(managed bool, args ...string) []string {
 	return append(append(a, "--", c.prog), args...)
 }
 
+// runRaw runs radic with args to its end and returns its output.
+func (c *bc) runRaw(args ...string) string {
+	c.b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.radic, args...)
+	cmd.Env = c.env
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		c.b.Fatalf("radic %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
 // run runs netbench to its end and returns its output (both ranks, tagged).
 func (c *bc) run(managed bool, args ...string) string {
 	c.b.Helper()

@@ -1,0 +1,366 @@
+package radicd
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/msglog/record"
+	"github.com/radic-project/radic/observer/logring"
+)
+
+// The pessimistic log, radicd's half: a managed process with recovery on
+// hands its log ring (observer/logring) to its node's radicd with POST
+// /v1/logring; RoutineLogRing drains it, ships the records to the node's
+// protectors (the replication path of POST /v1/log: stored once all k
+// have them), then publishes the stable offset in the ring's header and
+// wakes the process's threads waiting on it.
+//
+// Why a path under /dev/shm registered over HTTP, not an fd passed over a
+// unix socket: the shim already speaks HTTP to radicd (RADIC_DAEMON, which
+// in netns mode is reachable only inside the node's namespace, as the
+// process is), so no second listener, socket file or permission scheme is
+// needed; the file is O_EXCL, mode 0600, and unlinked as soon as radicd has
+// mapped it, so it lives for a few milliseconds and nothing leaks if either
+// side dies.
+
+type logRings struct {
+	ctx context.Context
+	wg  sync.WaitGroup
+	log *slog.Logger
+	// replicate stores encoded records on every protector (the daemon's
+	// replicate; a fake in tests).
+	replicate func(ctx context.Context, body []byte) error
+
+	bytes   atomic.Uint64
+	records atomic.Uint64
+	active  atomic.Int64
+	stuck   atomic.Int64 // rings whose last shipment failed
+}
+
+// logRing is one process's mapped ring.
+type logRing struct {
+	reg    logRegistration
+	mem    []byte
+	data   []byte
+	size   uint64
+	pidfd  int
+	conv   *logring.Converter
+	stable uint64
+}
+
+// logRegistration is POST /v1/logring's body (shim/logring.go).
+type logRegistration struct {
+	Path  string `json:"path"`
+	Job   string `json:"job"`
+	Lpid  string `json:"lpid"`
+	Owner uint64 `json:"owner"`
+	Pid   int    `json:"pid"`
+}
+
+func (r *logRing) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+func (r *logRing) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
+
+// handleLogRing maps a process's ring and starts draining it.
+func (d *Daemon) handleLogRing(w http.ResponseWriter, req *http.Request) {
+	var reg logRegistration
+	if err := json.NewDecoder(http.MaxBytesReader(w, req.Body, 4096)).Decode(&reg); err != nil {
+		http.Error(w, "log ring registration: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	r, err := mapLogRing(reg)
+	if err != nil {
+		d.log.Error("cannot take a process's log ring: the process will stop", "lpid", reg.Lpid, "pid", reg.Pid, "path", reg.Path, "err", err)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	lr := d.logs
+	if lr.ctx == nil || lr.ctx.Err() != nil {
+		r.close()
+		http.Error(w, "radicd is not running its log", http.StatusServiceUnavailable)
+		return
+	}
+	lr.active.Add(1)
+	lr.wg.Go(func() {
+		defer lr.active.Add(-1)
+		lr.routineLogRing(lr.ctx, r)
+	})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// mapLogRing opens, checks and maps a ring, and removes its name.
+func mapLogRing(reg logRegistration) (*logRing, error) {
+	fail := func(format string, args ...any) (*logRing, error) {
+		return nil, fmt.Errorf("log ring %s: "+format, append([]any{reg.Path}, args...)...)
+	}
+	f, err := os.OpenFile(reg.Path, os.O_RDWR|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer f.Close()
+	os.Remove(reg.Path) // mapped or refused, the name has done its work
+	st, err := f.Stat()
+	if err != nil {
+		return fail("%v", err)
+	}
+	total := st.Size()
+	if total < logring.HeaderSize+logring.MinDataSize || total > logring.HeaderSize+logring.MaxDataSize {
+		return fail("size %d is not a header and a ring of %d to %d bytes", total, logring.MinDataSize, logring.MaxDataSize)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("cannot map it: %v", err)
+	}
+	r := &logRing{reg: reg, mem: mem, pidfd: -1}
+	hdr := func(off int) uint64 { return atomic.LoadUint64(r.u64(off)) }
+	size := hdr(logring.OffDataSize)
+	switch {
+	case atomic.LoadUint32(r.u32(logring.OffMagic)) != logring.Magic:
+		err = errors.New("bad magic (not a radic log ring)")
+	case atomic.LoadUint32(r.u32(logring.OffVersion)) != logring.Version:
+		err = fmt.Errorf("version %d, this radicd reads %d", atomic.LoadUint32(r.u32(logring.OffVersion)), logring.Version)
+	case hdr(logring.OffHeaderSize) != logring.HeaderSize:
+		err = fmt.Errorf("header size %d, want %d", hdr(logring.OffHeaderSize), logring.HeaderSize)
+	case size&(size-1) != 0 || logring.HeaderSize+size != uint64(total):
+		err = fmt.Errorf("data size %d does not fit the file's %d bytes", size, total)
+	case hdr(logring.OffOwner) != reg.Owner:
+		err = fmt.Errorf("owner %d, the registration says %d", hdr(logring.OffOwner), reg.Owner)
+	case hdr(logring.OffStable) != 0 || hdr(logring.OffHead) > size:
+		err = errors.New("already in use")
+	}
+	if err == nil {
+		r.pidfd, err = unix.PidfdOpen(reg.Pid, 0)
+		if err != nil {
+			err = fmt.Errorf("process %d: %v", reg.Pid, err)
+		}
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return fail("%v", err)
+	}
+	r.size = size
+	r.data = mem[logring.HeaderSize:]
+	r.conv = logring.NewConverter(reg.Owner, 0)
+	return r, nil
+}
+
+func (r *logRing) close() {
+	if r.pidfd >= 0 {
+		unix.Close(r.pidfd)
+	}
+	unix.Munmap(r.mem)
+}
+
+func (r *logRing) exited() bool {
+	p := []unix.PollFd{{Fd: int32(r.pidfd), Events: unix.POLLIN}}
+	n, _ := unix.Poll(p, 0)
+	return n > 0
+}
+
+func futex(addr *uint32, op int, val uint32, ts *unix.Timespec) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+}
+
+const (
+	futexWait = 0 // FUTEX_WAIT: shared, the ring is in two processes
+	futexWake = 1
+	// logIdle bounds a sleep on the doorbell: how soon an exited process
+	// is noticed.
+	logIdle = 200 * time.Millisecond
+)
+
+// sleep waits for the doorbell (or logIdle): radicd drains a ring only
+// when its process is about to wait for the log (a send, a close, an
+// acknowledgement, a full ring), or at the latest every logIdle.
+func (r *logRing) sleep() {
+	bell := r.u32(logring.OffDoorbell)
+	waiting := r.u32(logring.OffConsumerWaiting)
+	seen := atomic.LoadUint32(bell)
+	atomic.StoreUint32(waiting, 1)
+	// The shim counts itself in producer_waiting before it rings: a ring
+	// before our load of the bell shows here; one after it changes the
+	// bell (the futex returns at once) or sees waiting and wakes us.
+	if atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0 ||
+		atomic.LoadUint64(r.u64(logring.OffHead)) == r.stable {
+		ts := unix.NsecToTimespec(int64(logIdle))
+		futex(bell, futexWait, seen, &ts)
+	}
+	atomic.StoreUint32(waiting, 0)
+}
+
+// publish stores the stable offset and wakes the process's waiters.
+func (r *logRing) publish(stable uint64) {
+	r.stable = stable
+	atomic.StoreUint64(r.u64(logring.OffStable), stable)
+	atomic.AddUint32(r.u32(logring.OffStableSeq), 1)
+	if atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) > 0 {
+		futex(r.u32(logring.OffStableSeq), futexWake, 1<<31-1, nil)
+	}
+}
+
+func (r *logRing) setError(msg string) {
+	b := r.mem[logring.OffLastError : logring.OffLastError+logring.LastErrorLen]
+	n := copy(b[:len(b)-1], msg)
+	clear(b[n:])
+}
+
+// logBatch bounds one shipment: the process's stable offset moves (and a
+// full ring frees) in steps of this size while a large backlog ships.
+const logBatch = 1 << 20
+
+// logBacklog: an awake radicd ships again at once when this much waits.
+const logBacklog = 256 << 10
+
+// boundary is the end of the last record that starts before
+// r.stable+limit (at least one record), or head.
+func (r *logRing) boundary(head, limit uint64) uint64 {
+	if head-r.stable <= limit {
+		return head
+	}
+	x := r.stable
+	for x < head {
+		var l [4]byte
+		for i := range l {
+			l[i] = r.data[(x+uint64(i))&(r.size-1)]
+		}
+		n := uint64(logring.Stride(int(binary.LittleEndian.Uint32(l[:])) - logring.RecHeaderLen))
+		if n == 0 || n > r.size || x+n > head {
+			return head // let the decoder name what is wrong
+		}
+		if x+n-r.stable > limit && x > r.stable {
+			return x
+		}
+		x += n
+	}
+	return x
+}
+
+// take copies [r.stable, head) out of the ring, unwrapped.
+func (r *logRing) take(head uint64, buf []byte) []byte {
+	buf = buf[:0]
+	for x := r.stable; x < head; {
+		o := x & (r.size - 1)
+		n := min(head-x, r.size-o)
+		buf = append(buf, r.data[o:o+n]...)
+		x += n
+	}
+	return buf
+}
+
+// routineLogRing drains one process's ring until the process has exited
+// and everything it appended is shipped.
+func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
+	log := lr.log.With("lpid", r.reg.Lpid, "pid", r.reg.Pid, "job", r.reg.Job)
+	log.Info("RoutineLogRing starting", "ring_bytes", r.size)
+	defer func() {
+		r.close()
+		log.Info("RoutineLogRing stopped", "stable", r.stable)
+	}()
+	var buf, body []byte
+	var recs []msglog.Record
+	idle := false // woken (by the doorbell or the timeout) since the last drain
+	for ctx.Err() == nil {
+		head := atomic.LoadUint64(r.u64(logring.OffHead))
+		if head == r.stable && r.exited() {
+			if atomic.LoadUint64(r.u64(logring.OffHead)) == r.stable {
+				return
+			}
+			continue
+		}
+		if head == r.stable || (!idle && head-r.stable < logBacklog && atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0) {
+			// Nothing to do, or little and nobody waits for it yet:
+			// batch more. A backlog of logBacklog keeps an awake radicd
+			// shipping (the process pays nothing for it), so that a
+			// stream whose receiver rarely waits is not logged in fits
+			// and starts, each ending when the waiter is satisfied.
+			r.sleep()
+			idle = true
+			continue
+		}
+		idle = false
+		if head < r.stable || head-r.stable > r.size {
+			log.Error("the log ring's head is out of range: its process's sends wait for ever", "head", head, "stable", r.stable)
+			r.setError("radicd: the ring's head is out of range")
+			return
+		}
+		head = r.boundary(head, logBatch)
+		buf = r.take(head, buf)
+		rrecs, err := logring.DecodeAll(buf)
+		if err == nil {
+			recs, err = r.conv.Convert(recs[:0], rrecs)
+		}
+		if err != nil {
+			log.Error("the log ring holds records that cannot be logged: the process's sends wait for ever", "err", err)
+			r.setError("radicd: " + err.Error())
+			return
+		}
+		body = body[:0]
+		var payload uint64
+		for i := range recs {
+			body = record.AppendRecord(body, &recs[i])
+			payload += uint64(len(recs[i].Payload))
+		}
+		t0 := time.Now()
+		if !lr.ship(ctx, r, log, body) {
+			return
+		}
+		log.Debug("log shipped", "bytes", len(body), "records", len(rrecs), "took", time.Since(t0))
+		lr.bytes.Add(payload)
+		lr.records.Add(uint64(len(rrecs)))
+		r.publish(head)
+	}
+}
+
+// ship replicates body to every protector, retrying until it is stored
+// (or the daemon stops). While it fails the process's sends wait: the
+// reason is logged (once per reason, and every 10 s) and left in the
+// ring's header for the process's own log.
+func (lr *logRings) ship(ctx context.Context, r *logRing, log *slog.Logger, body []byte) bool {
+	backoff := 20 * time.Millisecond
+	var lastMsg string
+	var lastAt time.Time
+	failed := false
+	for {
+		err := lr.replicate(ctx, body)
+		if err == nil {
+			if failed {
+				lr.stuck.Add(-1)
+				r.setError("")
+				log.Info("received bytes are logged again", "bytes", len(body))
+			}
+			return true
+		}
+		msg := err.Error()
+		var he *httpError
+		if errors.As(err, &he) && he.code == http.StatusInsufficientStorage {
+			msg = "a protector's store is full (507): " + msg
+		}
+		if !failed {
+			failed = true
+			lr.stuck.Add(1)
+		}
+		if msg != lastMsg || time.Since(lastAt) > 10*time.Second {
+			log.Warn("cannot log received bytes on the protectors: the process's sends wait (nothing unlogged is acknowledged)", "err", msg, "bytes", len(body))
+			lastMsg, lastAt = msg, time.Now()
+			r.setError(msg)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}

@@ -1,0 +1,156 @@
+package logring
+
+import (
+	"fmt"
+	"syscall"
+
+	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/observer"
+)
+
+// maxCoalesce bounds one msglog data record built from ring records.
+const maxCoalesce = 4 << 20
+
+// Converter turns one process's ring records, in ring order, into msglog
+// records: each connection's received bytes (Stream = the connection id)
+// and the process's determinant stream (observer.DeterminantStream). It
+// checks what the ring promises: each connection's bytes are contiguous,
+// and a receive's count equals the bytes logged for it. The zero value is
+// not usable; use NewConverter.
+type Converter struct {
+	owner  uint64
+	detOff uint64
+	conns  map[uint64]*connLog
+}
+
+type connLog struct {
+	next    uint64 // stream offset the next bytes must start at
+	pending uint64 // bytes of DATA records since the last receive determinant
+}
+
+// NewConverter converts the records of process owner, whose determinant
+// stream continues at detOff (0 for a process's first run).
+func NewConverter(owner, detOff uint64) *Converter {
+	return &Converter{owner: owner, detOff: detOff, conns: map[uint64]*connLog{}}
+}
+
+// DetOffset is where the next determinant goes in the determinant stream.
+func (c *Converter) DetOffset() uint64 { return c.detOff }
+
+// ConvertError says which ring record broke the ring's promises.
+type ConvertError struct {
+	Index int // the record's index in the batch
+	Rec   Record
+	Why   string
+}
+
+func (e *ConvertError) Error() string {
+	return fmt.Sprintf("logring: record %d (%v on connection %s at offset %d, result %d): %s",
+		e.Index, e.Rec.Type, observer.ConnString(e.Rec.Conn), e.Rec.Offset, e.Rec.Result, e.Why)
+}
+
+// Convert appends to out the msglog records for recs: data records first
+// (contiguous bytes of one connection merged), then one determinant record
+// holding the batch's determinants in order. Payloads are copied. On error
+// the converter's state is unchanged and out is returned as it came.
+func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record, error) {
+	state := map[uint64]*connLog{} // the batch's view, committed at the end
+	get := func(conn uint64) (*connLog, bool) {
+		if cl := state[conn]; cl != nil {
+			return cl, true
+		}
+		cl, ok := c.conns[conn]
+		n := &connLog{}
+		if ok {
+			*n = *cl
+		}
+		state[conn] = n
+		return n, ok
+	}
+	start := len(out)
+	open := map[uint64]int{} // conn -> index in out of its growing data record
+	var dets []byte
+	fail := func(i int, r Record, why string) ([]msglog.Record, error) {
+		return out[:start], &ConvertError{Index: i, Rec: r, Why: why}
+	}
+	for i, r := range recs {
+		if r.Conn == observer.DeterminantStream {
+			return fail(i, r, observer.ErrReservedConn.Error())
+		}
+		cl, seen := get(r.Conn)
+		if len(r.Payload) > 0 {
+			if seen && r.Offset != cl.next {
+				return fail(i, r, fmt.Sprintf("bytes not contiguous: want offset %d", cl.next))
+			}
+			if !seen {
+				cl.next = r.Offset
+			}
+			if j, ok := open[r.Conn]; ok && len(out[j].Payload)+len(r.Payload) <= maxCoalesce {
+				out[j].Payload = append(out[j].Payload, r.Payload...)
+			} else {
+				open[r.Conn] = len(out)
+				out = append(out, msglog.Record{Kind: msglog.KindData, Owner: c.owner, Stream: r.Conn,
+					Offset: r.Offset, Payload: append([]byte(nil), r.Payload...)})
+			}
+			cl.next += uint64(len(r.Payload))
+		}
+		var d observer.Determinant
+		switch r.Type {
+		case TypeData:
+			cl.pending += uint64(len(r.Payload))
+			continue
+		case TypeRecvData:
+			if cl.pending != 0 {
+				return fail(i, r, fmt.Sprintf("%d bytes of an earlier receive have no determinant", cl.pending))
+			}
+			d = observer.Determinant{Kind: observer.KindRecv, Conn: r.Conn, N: uint64(r.Result)}
+		case TypeRecv:
+			switch {
+			case r.Result > 0 && uint64(r.Result) != cl.pending:
+				return fail(i, r, fmt.Sprintf("the receive returned %d but %d bytes were logged for it", r.Result, cl.pending))
+			case r.Result <= 0 && cl.pending != 0:
+				return fail(i, r, fmt.Sprintf("the receive failed but %d bytes were logged for it", cl.pending))
+			case r.Result > 0:
+				d = observer.Determinant{Kind: observer.KindRecv, Conn: r.Conn, N: uint64(r.Result)}
+			case r.Result == 0:
+				d = observer.Determinant{Kind: observer.KindRecv, Conn: r.Conn}
+			default:
+				d = observer.Determinant{Kind: observer.KindRecv, Conn: r.Conn, Errno: syscall.Errno(-r.Result)}
+			}
+			cl.pending = 0
+		default:
+			return fail(i, r, "unknown type")
+		}
+		var err error
+		if dets, err = observer.AppendDeterminant(dets, &d); err != nil {
+			return fail(i, r, err.Error())
+		}
+	}
+	if len(dets) > 0 {
+		out = append(out, msglog.Record{Kind: msglog.KindDeterminant, Owner: c.owner,
+			Stream: observer.DeterminantStream, Offset: c.detOff, Payload: dets})
+	}
+	for conn, cl := range state {
+		c.conns[conn] = cl
+	}
+	c.detOff += uint64(len(dets))
+	return out, nil
+}
+
+// DecodeAll decodes every record of b (a drained, unwrapped stretch of
+// the ring that ends at a record boundary).
+func DecodeAll(b []byte) ([]Record, error) {
+	var out []Record
+	for off := 0; off < len(b); {
+		r, n, err := Decode(b[off:])
+		if err != nil {
+			return nil, fmt.Errorf("at ring offset +%d: %w", off, err)
+		}
+		if n > len(b)-off {
+			n = len(b) - off // the last record's padding may be the end
+		}
+		out = append(out, r)
+		off += n
+	}
+	return out, nil
+}

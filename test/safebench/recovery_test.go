@@ -1,0 +1,66 @@
+package safebench_test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkRecoveryOverhead measures pessimistic logging (`radic run
+// --recovery`: every received byte stored on the rank's protector before
+// anything that depends on it leaves) against safe sockets without it
+// (`--no-recovery`) and bare TCP (`--no-radic`), between two netns nodes
+// of a 3-node cluster (radicd as `radic cluster up` runs it: one
+// protector, the store fsyncs every append): the 8 B round trip (netbench
+// lat, median of the run) and the bandwidth of 1 MiB writes (netbench bw,
+// one way). The three kinds run in turn, the order rotating; the table
+// shows the medians over the runs and the ratios against the goals (round
+// trip <= 3x bare, bandwidth >= 0.5x bare).
+//
+// RADIC_BENCH_RUNS sets the runs per kind (default 5); RADIC_BENCH_BW_MIB
+// the bytes per bandwidth run (default 256 MiB: a run with recovery moves
+// them at tens of MB/s).
+func BenchmarkRecoveryOverhead(b *testing.B) {
+	requireBench(b)
+	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 3)
+	bwMiB := envCount(b, "RADIC_BENCH_BW_MIB", 256, 16)
+	c := newCluster(b)
+	load := loadAvg()
+	const iters = 5000
+	latArgs := []string{"lat", "--iters", strconv.Itoa(iters)}
+	bwArgs := []string{"bw", "--bytes", strconv.Itoa(bwMiB << 20), "--chunk", strconv.Itoa(bwChunk)}
+	kinds := []string{"bare", "no-recovery", "recovery"}
+	flags := [][]string{{"--no-radic"}, {"--no-recovery"}, {"--recovery"}}
+	var rtt, bw [3][]float64
+	t0 := time.Now()
+	for i := 0; i < 3*runs; i++ {
+		k := (i + i/3) % 3 // rotate the order every round
+		args := append(append([]string{"run", "--np", "2", "--nodes", "0,1", "--tag-output"}, flags[k]...), "--", c.prog)
+		out := c.runRaw(append(append([]string(nil), args...), latArgs...)...)
+		rtt[k] = append(rtt[k], parseFloat(b, latRE, out)[0])
+		out = c.runRaw(append(append([]string(nil), args...), bwArgs...)...)
+		bw[k] = append(bw[k], parseFloat(b, bwRE, out)[0])
+	}
+	var det strings.Builder
+	for k, name := range kinds {
+		fmt.Fprintf(&det, "%-11s round trip, median of each run (us): %s\n", name, fmts(rtt[k], 1))
+		fmt.Fprintf(&det, "%-11s bandwidth of each run (MB/s):        %s\n", name, fmts(bw[k], 0))
+	}
+	var t strings.Builder
+	fmt.Fprintf(&t, "\n### Pessimistic logging (recovery) vs safe sockets vs bare TCP, node 0 <-> node 1 (netns)\n\n")
+	fmt.Fprintf(&t, "Medians of %d runs of each kind, in rotating order; %v in all; load average %s before, %s after.\n\n",
+		runs, time.Since(t0).Round(time.Second), load, loadAvg())
+	fmt.Fprintf(&t, "| metric | bare TCP | --no-recovery | --recovery | recovery/bare | goal | met |\n|---|---:|---:|---:|---:|---|---|\n")
+	lb, ln, lr := median(rtt[0]), median(rtt[1]), median(rtt[2])
+	bb, bn, br := median(bw[0]), median(bw[1]), median(bw[2])
+	fmt.Fprintf(&t, "| 8 B round trip (median of %d) | %.1f us | %.1f us | %.1f us | %.2f | <= 3 | %s |\n",
+		iters, lb, ln, lr, lr/lb, yesNo(lr/lb <= 3))
+	fmt.Fprintf(&t, "| bandwidth, 1 MiB writes, %d MiB one way | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.2f | >= 0.5 | %s |\n",
+		bwMiB, bb, bn, br, br/bb, yesNo(br/bb >= 0.5))
+	fmt.Fprintf(&t, "\nThe runs, in the order run:\n\n```\n%s```\n", det.String())
+	fmt.Print(t.String())
+	b.ReportMetric(lr/lb, "recovery-rtt-ratio")
+	b.ReportMetric(br/bb, "recovery-bw-ratio")
+}
