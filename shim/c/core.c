@@ -20,14 +20,14 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
-struct radic_real_table radic_real;
+RADIC_START_DATA struct radic_real_table radic_real;
 unsigned char radic_fdflags[RADIC_FD_MAX];
 int radic_managed_count;
 int radic_manage_policy;
-int radic_go_ready;
+RADIC_START_DATA int radic_go_ready;
 struct radic_go_table radic_go;
-int radic_in_child;
-pid_t radic_owner_pid;
+RADIC_START_DATA int radic_in_child;
+RADIC_START_DATA pid_t radic_owner_pid;
 RADIC_TLS int radic_in_shim;
 
 /* Straight to the kernel: used for diagnostics, which must work before any
@@ -328,7 +328,7 @@ int radic_enter(struct radic_call *c)
 void radic_set_ready(int policy) { radic_manage_policy = policy; }
 
 /* Set when the process is to be managed: Go is loaded before main(). */
-static int wants_go;
+RADIC_START_DATA static int wants_go;
 
 __attribute__((constructor(101))) static void radic_init(void)
 {
@@ -553,7 +553,7 @@ static void radic_load_go(void)
 }
 
 typedef int (*radic_main_fn)(int, char **, char **);
-static radic_main_fn program_main;
+RADIC_START_DATA static radic_main_fn program_main;
 
 static int radic_main(int argc, char **argv, char **envp)
 {
