@@ -20,14 +20,14 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
-struct radic_real_table radic_real;
+RADIC_START_DATA struct radic_real_table radic_real;
 unsigned char radic_fdflags[RADIC_FD_MAX];
 int radic_managed_count;
 int radic_manage_policy;
-int radic_go_ready;
+RADIC_START_DATA int radic_go_ready;
 struct radic_go_table radic_go;
-int radic_in_child;
-pid_t radic_owner_pid;
+RADIC_START_DATA int radic_in_child;
+RADIC_START_DATA pid_t radic_owner_pid;
 RADIC_TLS int radic_in_shim;
 
 /* Straight to the kernel: used for diagnostics, which must work before any
@@ -75,9 +75,24 @@ static long missing_symbol(void)
 	return -1;
 }
 
+/* This library's extent in memory, defined by the linker. */
+extern const char __ehdr_start[] __attribute__((visibility("hidden")));
+extern const char _end[] __attribute__((visibility("hidden")));
+
 void *radic_resolve(const char *name, void **slot)
 {
 	void *p = dlsym(RTLD_NEXT, name);
+	/* A lookup that lands back in this library would recurse forever. The
+	 * library's own extent comes from the linker (its ELF header to the end
+	 * of its bss): dladdr would answer the same, but it scans the whole
+	 * symbol table of the object the address is in (libc's: thousands of
+	 * symbols, their pages faulted in), which cost every preloaded process
+	 * about 10 us per symbol resolved. Checked before the fallback for an
+	 * optional symbol, which is in this library on purpose. */
+	if ((const char *)p >= __ehdr_start && (const char *)p < _end) {
+		radic_logf("libc's %s resolves to radic itself", name);
+		abort();
+	}
 	if (p == NULL) {
 		for (const char *const *o = optional_syms; *o != NULL; o++)
 			if (strcmp(*o, name) == 0)
@@ -86,13 +101,6 @@ void *radic_resolve(const char *name, void **slot)
 			radic_logf("cannot resolve libc's %s: %s", name, dlerror());
 			abort();
 		}
-	}
-	/* A lookup that lands back in this library would recurse forever. */
-	Dl_info self, found;
-	if (dladdr((void *)radic_resolve, &self) && dladdr(p, &found) &&
-	    self.dli_fbase == found.dli_fbase) {
-		radic_logf("libc's %s resolves to radic itself", name);
-		abort();
 	}
 	__atomic_store_n(slot, p, __ATOMIC_RELEASE);
 	return p;
@@ -320,7 +328,7 @@ int radic_enter(struct radic_call *c)
 void radic_set_ready(int policy) { radic_manage_policy = policy; }
 
 /* Set when the process is to be managed: Go is loaded before main(). */
-static int wants_go;
+RADIC_START_DATA static int wants_go;
 
 __attribute__((constructor(101))) static void radic_init(void)
 {
@@ -545,7 +553,7 @@ static void radic_load_go(void)
 }
 
 typedef int (*radic_main_fn)(int, char **, char **);
-static radic_main_fn program_main;
+RADIC_START_DATA static radic_main_fn program_main;
 
 static int radic_main(int argc, char **argv, char **envp)
 {

@@ -45,6 +45,13 @@
 #define RADIC_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define RADIC_TLS __thread __attribute__((tls_model("initial-exec")))
 
+/* For the few variables that every preloaded process touches as it starts
+ * and exits (the real-symbol table, the owner pid, Go's readiness). In .bss
+ * they share pages with the big tables and each page touched costs a page
+ * fault that zeroes it; in .data they sit on the page the loader writes
+ * anyway (it zeroes the start of .bss there). */
+#define RADIC_START_DATA __attribute__((section(".data.radic_start")))
+
 /* ---- the real libc functions ------------------------------------------
  * One table, resolved lazily with dlsym(RTLD_NEXT): other libraries'
  * constructors (libucs) call read() before ours has run. X(ret, name, args).
