@@ -37,14 +37,14 @@ SHIM_CFLAGS  := -O2 -g -fPIC -fno-semantic-interposition $(CWARN) -D_GNU_SOURCE
 SHIM_LDFLAGS := -shared -Wl,-soname,libradic.so -Wl,--version-script=$(CURDIR)/shim/c/libradic.map \
 		-Wl,-Bsymbolic -ldl -pthread
 
-lib/libradic.so: $(SHIM_C_SRC)
+lib/libradic.so: $(SHIM_C_SRC) Makefile
 	@mkdir -p lib
 	$(CC) $(SHIM_CFLAGS) -o $@ $(filter %.c,$^) $(SHIM_LDFLAGS)
 
 # A deliberately broken shim used by the tests to prove they can see a fault:
 # the read/recv trampolines drop one byte now and then. It loads the same
 # lib/libradic-go.so (beside it), which binds to it by its soname.
-lib/libradic-broken.so: $(SHIM_C_SRC)
+lib/libradic-broken.so: $(SHIM_C_SRC) Makefile
 	@mkdir -p lib
 	$(CC) $(SHIM_CFLAGS) -DRADIC_FAULT_DROP_BYTES -o $@ $(filter %.c,$^) $(SHIM_LDFLAGS)
 
