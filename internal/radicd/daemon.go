@@ -43,6 +43,7 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
+	ranks       *rankTable
 
 	// OnEvent, if set before Run, sees every ring event after the daemon
 	// handled it (the protector's recovery hooks in here).
@@ -81,6 +82,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		reg:    prometheus.NewRegistry(),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
 		notify: newNotifier(),
+		ranks:  newRankTable(),
 		detection: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "radic_detection_seconds",
 			Help:    "Silence of a node before this node (its watchdog) declared it unreachable: heartbeat timeout plus probe time.",
@@ -215,6 +217,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
 	d.loc.routes(mux)
+	d.rankRoutes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })
