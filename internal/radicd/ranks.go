@@ -40,8 +40,11 @@ const (
 	// maxWait bounds a long poll (?wait=).
 	maxWait = 30 * time.Second
 	// protectorWait is how long a launch waits for the ring to name a
-	// protector (a ring just started has none for a moment).
-	protectorWait = 5 * time.Second
+	// protector that stores its record (a ring just started has none for
+	// a moment; one whose protector just died names the next after
+	// detection), storeAttempt how long one try may take.
+	protectorWait = 10 * time.Second
+	storeAttempt  = 2 * time.Second
 )
 
 // rankKey names a rank on this node.
@@ -205,7 +208,11 @@ func (d *Daemon) storeLaunch(ctx context.Context, rec *launch.Record) ([]int, er
 	body := record.AppendRecord(nil, &mr)
 	deadline := time.Now().Add(protectorWait)
 	for {
-		prots, err := d.replicate(ctx, body)
+		// A protector that just died holds a push until the ring
+		// declares it (under a second); then the ring names another.
+		actx, cancel := context.WithTimeout(ctx, storeAttempt)
+		prots, err := d.replicate(actx, body)
+		cancel()
 		ids := make([]int, len(prots))
 		for i, p := range prots {
 			ids[i] = int(p)
