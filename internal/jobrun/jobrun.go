@@ -16,9 +16,11 @@
 // first failing rank's status (128+signal), SIGTERM to every rank and
 // SIGKILL after the grace period on a failure or a signal.
 //
-// A rank whose daemon cannot be reached once the job is being stopped is
-// given up on, Grace+abandonAfter after the stop began: radic run ends,
-// saying so, rather than wait for a link that may never heal.
+// A rank whose daemon has not answered for 3 s once SIGKILL was sent (the
+// job is being stopped; Grace has passed) is given up on: radic run ends,
+// saying so, rather than wait for a link that may never heal. radicd
+// still holds the rank, and kills it when radic run's goodbye (DELETE)
+// reaches it; `radic cluster down` kills it in any case.
 package jobrun
 
 import (
@@ -31,6 +33,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,9 +42,10 @@ import (
 
 // Timing of the polls.
 const (
-	pollWait     = 5 * time.Second        // radicd holds a poll this long
+	pollWait     = 5 * time.Second        // radicd holds an output poll this long
+	statusWait   = time.Second            // and a status poll this long
 	retryEvery   = 200 * time.Millisecond // after a failed poll
-	abandonAfter = 10 * time.Second       // after SIGKILL, for an unreachable daemon
+	abandonAfter = 3 * time.Second        // of silence from a daemon, once SIGKILL was sent
 	drainTimeout = 2 * time.Second        // for output after the last exit
 )
 
@@ -150,12 +154,16 @@ func Run(o Options) (int, error) {
 	exits := make(chan exitMsg, np)
 	var outWG sync.WaitGroup
 	nrun := 0
+	contact := make([]atomic.Int64, np) // unix nanoseconds of the last answer from the rank's daemon
+	for r := range contact {
+		contact[r].Store(time.Now().UnixNano())
+	}
 	for r, ok := range running {
 		if !ok {
 			continue
 		}
 		nrun++
-		go watchExit(ctx, clients[r], job, r, exits)
+		go watchExit(ctx, clients[r], job, r, exits, &contact[r])
 		for _, s := range []string{launch.Stdout, launch.Stderr} {
 			w := out.sink(r, s)
 			outWG.Go(func() {
@@ -207,6 +215,9 @@ func Run(o Options) (int, error) {
 	for left := nrun; left > 0; {
 		select {
 		case e := <-exits:
+			if !running[e.rank] {
+				continue // given up on already
+			}
 			left--
 			running[e.rank] = false
 			c := e.exit.Status()
@@ -231,15 +242,19 @@ func Run(o Options) (int, error) {
 			signal(syscall.SIGKILL)
 			abandonTimer = time.After(abandonAfter)
 		case <-abandonTimer:
-			// What is left runs on nodes whose daemons do not answer
-			// (cut off, frozen or dead): stop waiting for them.
+			// Stop waiting for ranks on nodes whose daemons do not
+			// answer (cut off, frozen or dead); the others die of the
+			// SIGKILL and say so.
+			abandonTimer = time.After(abandonAfter / 3)
 			for r := range running {
-				if running[r] {
-					logf("radic run: rank %d (node %d, pid %d): no exit status from its radicd %v after SIGKILL; giving up on it",
-						r, o.Ranks[r].Node, started[r].Pid, abandonAfter)
+				silent := time.Since(time.Unix(0, contact[r].Load()))
+				if running[r] && silent >= abandonAfter {
+					logf("radic run: rank %d (node %d, pid %d): its radicd has not answered for %v after SIGKILL; giving up on it",
+						r, o.Ranks[r].Node, started[r].Pid, silent.Round(100*time.Millisecond))
+					running[r] = false
+					left--
 				}
 			}
-			left = 0
 		}
 	}
 	// Let the output drain, but do not hang on a rank's orphaned child
@@ -257,11 +272,15 @@ func Run(o Options) (int, error) {
 
 // watchExit polls the rank's status until it has exited, through any
 // number of failed polls.
-func watchExit(ctx context.Context, c *Client, job string, rank int, exits chan<- exitMsg) {
+func watchExit(ctx context.Context, c *Client, job string, rank int, exits chan<- exitMsg, contact *atomic.Int64) {
 	for ctx.Err() == nil {
-		pctx, pcancel := context.WithTimeout(ctx, pollWait+5*time.Second)
-		st, err := c.Status(pctx, job, rank, pollWait)
+		// Short polls: each answer is news that the daemon is there.
+		pctx, pcancel := context.WithTimeout(ctx, statusWait+2*time.Second)
+		st, err := c.Status(pctx, job, rank, statusWait)
 		pcancel()
+		if err == nil || !Unreachable(err) {
+			contact.Store(time.Now().UnixNano())
+		}
 		switch {
 		case err == nil && st.Exit != nil:
 			exits <- exitMsg{rank, *st.Exit}
