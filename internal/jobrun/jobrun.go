@@ -42,11 +42,13 @@ import (
 
 // Timing of the polls.
 const (
-	pollWait     = 5 * time.Second        // radicd holds an output poll this long
+	pollWait     = 2 * time.Second        // radicd holds an output poll this long
 	statusWait   = time.Second            // and a status poll this long
+	pollSlack    = 2 * time.Second        // more for the answer: a connection to an address gone is dropped then
 	retryEvery   = 200 * time.Millisecond // after a failed poll
 	abandonAfter = 3 * time.Second        // of silence from a daemon, once SIGKILL was sent
-	drainTimeout = 2 * time.Second        // for output after the last exit
+	drainTimeout = 2 * time.Second        // of a stream held open by a rank's orphan, after its exit
+	lostTimeout  = 10 * time.Second       // of a daemon unreachable after its rank's exit
 )
 
 // Options are a job's settings.
@@ -154,6 +156,16 @@ func Run(o Options) (int, error) {
 	exits := make(chan exitMsg, np)
 	var outWG sync.WaitGroup
 	nrun := 0
+	// exited[r] is closed when rank r's exit is known (or it was given
+	// up on): its output is then drained, not waited for for ever.
+	// abandoned[r] is closed when rank r is given up on: its output is
+	// not waited for at all.
+	exited := make([]chan struct{}, np)
+	abandoned := make([]chan struct{}, np)
+	for r := range exited {
+		exited[r] = make(chan struct{})
+		abandoned[r] = make(chan struct{})
+	}
 	contact := make([]atomic.Int64, np) // unix nanoseconds of the last answer from the rank's daemon
 	for r := range contact {
 		contact[r].Store(time.Now().UnixNano())
@@ -168,7 +180,7 @@ func Run(o Options) (int, error) {
 			w := out.sink(r, s)
 			outWG.Go(func() {
 				defer w.Close()
-				forward(ctx, clients[r], job, r, s, w)
+				forward(ctx, clients[r], job, r, s, w, exited[r], abandoned[r], logf)
 			})
 		}
 		if o.Ranks[r].Stdin && o.Stdin != nil {
@@ -220,6 +232,7 @@ func Run(o Options) (int, error) {
 			}
 			left--
 			running[e.rank] = false
+			close(exited[e.rank])
 			c := e.exit.Status()
 			if c != 0 && !failed && !interrupted {
 				failed, code = true, c
@@ -252,19 +265,16 @@ func Run(o Options) (int, error) {
 					logf("radic run: rank %d (node %d, pid %d): its radicd has not answered for %v after SIGKILL; giving up on it",
 						r, o.Ranks[r].Node, started[r].Pid, silent.Round(100*time.Millisecond))
 					running[r] = false
+					close(exited[r])
+					close(abandoned[r])
 					left--
 				}
 			}
 		}
 	}
-	// Let the output drain, but do not hang on a rank's orphaned child
-	// that keeps a pipe open, or on a daemon out of reach.
-	done := make(chan struct{})
-	go func() { outWG.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(drainTimeout):
-	}
+	// Every stream is forwarded to its end; forward bounds the wait for
+	// an orphan's pipe and for a daemon out of reach.
+	outWG.Wait()
 	cancel()
 	forget()
 	return code, nil
@@ -275,7 +285,7 @@ func Run(o Options) (int, error) {
 func watchExit(ctx context.Context, c *Client, job string, rank int, exits chan<- exitMsg, contact *atomic.Int64) {
 	for ctx.Err() == nil {
 		// Short polls: each answer is news that the daemon is there.
-		pctx, pcancel := context.WithTimeout(ctx, statusWait+2*time.Second)
+		pctx, pcancel := context.WithTimeout(ctx, statusWait+pollSlack)
 		st, err := c.Status(pctx, job, rank, statusWait)
 		pcancel()
 		if err == nil || !Unreachable(err) {
@@ -303,22 +313,51 @@ func isNotFound(err error) bool {
 }
 
 // forward copies one output stream of a rank to w, by offset, until its
-// end: a failed poll is asked again from the last byte written out.
-func forward(ctx context.Context, c *Client, job string, rank int, stream string, w io.Writer) {
+// end: a failed poll is asked again from the last byte written out. Once
+// the rank has exited (exited is closed), a stream that stays open without
+// a byte for drainTimeout (a child of the rank holds it) is left, as the
+// direct launcher leaves it; a daemon unreachable for lostTimeout then is
+// given up on, saying what was not forwarded. A rank given up on
+// (abandoned closed) is not waited for at all.
+func forward(ctx context.Context, c *Client, job string, rank int, stream string, w io.Writer, exited, abandoned <-chan struct{}, logf func(string, ...any)) {
 	var off uint64
 	buf := make([]byte, 64<<10)
+	var idleSince, failSince time.Time // after the exit: nothing new, no answer
 	for ctx.Err() == nil {
-		pctx, pcancel := context.WithTimeout(ctx, pollWait+5*time.Second)
-		body, eof, err := c.Output(pctx, job, rank, stream, off, pollWait)
+		wait := pollWait
+		done := false
+		select {
+		case <-abandoned:
+			return
+		default:
+		}
+		select {
+		case <-exited:
+			done = true
+			wait = drainTimeout / 4
+		default:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, wait+pollSlack)
+		body, eof, err := c.Output(pctx, job, rank, stream, off, wait)
 		if err != nil {
 			pcancel()
 			if isNotFound(err) {
 				return
 			}
+			if done {
+				if failSince.IsZero() {
+					failSince = time.Now()
+				} else if time.Since(failSince) > lostTimeout {
+					logf("radic run: %s of rank %d after byte %d not forwarded: %v", stream, rank, off, err)
+					return
+				}
+			}
 			sleep(ctx, retryEvery)
 			continue
 		}
+		failSince = time.Time{}
 		complete := false
+		n0 := off
 		for {
 			n, rerr := body.Read(buf)
 			if n > 0 {
@@ -333,6 +372,14 @@ func forward(ctx context.Context, c *Client, job string, rank int, stream string
 		body.Close()
 		pcancel()
 		if eof && complete {
+			return
+		}
+		switch {
+		case !done || off > n0:
+			idleSince = time.Time{}
+		case idleSince.IsZero():
+			idleSince = time.Now()
+		case time.Since(idleSince) > drainTimeout:
 			return
 		}
 	}
