@@ -30,6 +30,10 @@ type Client struct {
 	Node    int
 	Daemons Daemons
 	HTTP    *http.Client
+	// Moved, if set, returns a channel closed once Node's daemon is no
+	// longer at addr: a request in flight there is then ended (its
+	// connection may hang on an address that is gone).
+	Moved func(node int, addr string) <-chan struct{}
 }
 
 // Error is a failed call to a node's radicd.
@@ -80,20 +84,47 @@ func (c *Client) do(ctx context.Context, op, method, path string, body io.Reader
 	if err != nil {
 		return nil, &Error{Node: c.Node, Op: op, Err: err}
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	if c.Moved != nil {
+		moved := c.Moved(c.Node, addr)
+		go func() {
+			select {
+			case <-moved:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, body)
 	if err != nil {
+		cancel()
 		return nil, &Error{Node: c.Node, Addr: addr, Op: op, Err: err}
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
+		cancel()
 		return nil, &Error{Node: c.Node, Addr: addr, Op: op, Err: err}
 	}
 	if resp.StatusCode/100 != 2 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
+		cancel()
 		return nil, &Error{Node: c.Node, Addr: addr, Op: op, Status: resp.StatusCode, Msg: strings.TrimSpace(string(msg))}
 	}
+	resp.Body = cancelOnClose{resp.Body, cancel}
 	return resp, nil
+}
+
+// cancelOnClose ends a request's context with its body.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
 }
 
 func rankPath(job string, rank int) string {

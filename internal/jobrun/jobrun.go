@@ -31,6 +31,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +45,7 @@ import (
 const (
 	pollWait     = 2 * time.Second        // radicd holds an output poll this long
 	statusWait   = time.Second            // and a status poll this long
-	pollSlack    = 2 * time.Second        // more for the answer: a connection to an address gone is dropped then
+	pollSlack    = time.Second            // more for the answer: a connection to an address gone is dropped then
 	retryEvery   = 200 * time.Millisecond // after a failed poll
 	abandonAfter = 3 * time.Second        // of silence from a daemon, once SIGKILL was sent
 	drainTimeout = 2 * time.Second        // of a stream held open by a rank's orphan, after its exit
@@ -93,12 +94,18 @@ func Run(o Options) (int, error) {
 		logf = func(string, ...any) {}
 	}
 	job := o.Ranks[0].Job
-	clients := make([]*Client, np)
-	for r := range o.Ranks {
-		clients[r] = &Client{Node: o.Ranks[r].Node, Daemons: o.Daemons, HTTP: o.HTTP}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	daemons := newBook(o.Daemons)
+	var nodes []int
+	clients := make([]*Client, np)
+	for r := range o.Ranks {
+		clients[r] = &Client{Node: o.Ranks[r].Node, Daemons: daemons.daemon, Moved: daemons.movedFrom, HTTP: o.HTTP}
+		if !slices.Contains(nodes, o.Ranks[r].Node) {
+			nodes = append(nodes, o.Ranks[r].Node)
+		}
+	}
+	go daemons.run(ctx, nodes)
 	// forget tells every daemon of the job that radic run is done with
 	// it (ranks still there, such as held ones, are ended).
 	forget := func() {
@@ -338,6 +345,18 @@ func forward(ctx context.Context, c *Client, job string, rank int, stream string
 		default:
 		}
 		pctx, pcancel := context.WithTimeout(ctx, wait+pollSlack)
+		if !done {
+			// The exit ends a poll in flight: it may hang on an address
+			// the node no longer has (readdressed), while the rest of
+			// the output waits at the new one.
+			go func() {
+				select {
+				case <-exited:
+					pcancel()
+				case <-pctx.Done():
+				}
+			}()
+		}
 		body, eof, err := c.Output(pctx, job, rank, stream, off, wait)
 		if err != nil {
 			pcancel()

@@ -48,3 +48,36 @@ func TestTag(t *testing.T) {
 		t.Errorf("Tag = %q; want %q", got, want)
 	}
 }
+
+// A poll made to a node's old address is told when the node moved.
+func TestBookMoved(t *testing.T) {
+	where := "10.0.0.1:7470"
+	b := newBook(func(int) (string, error) { return where, nil })
+	a, err := b.daemon(3)
+	if err != nil || a != where {
+		t.Fatalf("daemon(3) = %q, %v", a, err)
+	}
+	ch := b.movedFrom(3, a)
+	select {
+	case <-ch:
+		t.Fatal("moved before the node moved")
+	default:
+	}
+	b.set(3, a) // the same address: no move
+	select {
+	case <-ch:
+		t.Fatal("moved on a refresh that found the same address")
+	default:
+	}
+	b.set(3, "10.0.1.1:7470")
+	select {
+	case <-ch:
+	default:
+		t.Fatal("not told of the move")
+	}
+	select {
+	case <-b.movedFrom(3, a):
+	default:
+		t.Error("movedFrom(old address) after the move is not closed")
+	}
+}
