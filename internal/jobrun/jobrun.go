@@ -50,6 +50,10 @@ const (
 	abandonAfter = 3 * time.Second        // of silence from a daemon, once SIGKILL was sent
 	drainTimeout = 2 * time.Second        // of a stream held open by a rank's orphan, after its exit
 	lostTimeout  = 10 * time.Second       // of a daemon unreachable after its rank's exit
+	// unreachableFor is how long a launch or a start is retried while the
+	// daemon cannot be reached (a readdressed node is found again within
+	// refreshEvery; a dead one is then reported).
+	unreachableFor = 5 * time.Second
 )
 
 // Options are a job's settings.
@@ -131,7 +135,7 @@ func Run(o Options) (int, error) {
 	parallel(np, func(r int) {
 		lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer lcancel()
-		started[r], errs[r] = clients[r].Launch(lctx, &o.Ranks[r])
+		started[r], errs[r] = launchRank(lctx, clients[r], &o.Ranks[r])
 		if errs[r] != nil {
 			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, errs[r])
 		}
@@ -151,7 +155,7 @@ func Run(o Options) (int, error) {
 	parallel(np, func(r int) {
 		sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
 		defer scancel()
-		if err := clients[r].Start(sctx, job, r); err != nil {
+		if err := startRank(sctx, clients[r], job, r); err != nil {
 			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, err)
 			return
 		}
@@ -285,6 +289,61 @@ func Run(o Options) (int, error) {
 	cancel()
 	forget()
 	return code, nil
+}
+
+// launchRank launches rec's rank, asking again for a while if the daemon
+// could not be reached (its node may be moving); a retry that finds the
+// rank launched (409) takes its pid from the daemon: the first request got
+// through.
+func launchRank(ctx context.Context, c *Client, rec *launch.Record) (launch.Started, error) {
+	var st launch.Started
+	err := retryUnreachable(ctx, func(retry bool) error {
+		var err error
+		st, err = c.Launch(ctx, rec)
+		if retry && httpStatus(err) == http.StatusConflict {
+			rs, serr := c.Status(ctx, rec.Job, rec.Rank, 0)
+			if serr != nil {
+				return serr
+			}
+			st = launch.Started{Pid: rs.Pid, Start: rs.Start}
+			return nil
+		}
+		return err
+	})
+	return st, err
+}
+
+// startRank opens the rank's gate, likewise: a retry told "started
+// already" (409) means the first request got through.
+func startRank(ctx context.Context, c *Client, job string, rank int) error {
+	return retryUnreachable(ctx, func(retry bool) error {
+		err := c.Start(ctx, job, rank)
+		if retry && httpStatus(err) == http.StatusConflict {
+			return nil
+		}
+		return err
+	})
+}
+
+// retryUnreachable calls fn until it succeeds, fails otherwise than by
+// an unreachable daemon, or has failed so for unreachableFor.
+func retryUnreachable(ctx context.Context, fn func(retry bool) error) error {
+	deadline := time.Now().Add(unreachableFor)
+	for retry := false; ; retry = true {
+		err := fn(retry)
+		if err == nil || !Unreachable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleep(ctx, retryEvery)
+	}
+}
+
+func httpStatus(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
 }
 
 // watchExit polls the rank's status until it has exited, through any

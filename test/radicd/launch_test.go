@@ -165,6 +165,27 @@ func TestRunThroughDaemons(t *testing.T) {
 			}
 		}
 	})
+	// A node readdressed after its rank was created and before its gate
+	// opened: the start finds the daemon at its new address (it once
+	// failed the job when the start was in flight to the old one).
+	t.Run("readdress-at-start", func(t *testing.T) {
+		wd, _ := os.Getwd()
+		var out lockedBuffer
+		recs := []launch.Record{{Version: launch.Version, Job: "ras-1", Rank: 0, Size: 1, Node: 0,
+			Path: "/bin/echo", Argv: []string{"echo", "started"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: wd}}
+		code, err := jobrun.Run(jobrun.Options{Ranks: recs, Daemons: c.client(0).Daemons, Stdout: &out, Stderr: &out,
+			Logf: func(f string, a ...any) { fmt.Fprintf(&out, f+"\n", a...) },
+			Created: func([]launch.Started) error {
+				o, err := c.radic("fault", "readdress", "0")
+				if err != nil {
+					return fmt.Errorf("readdress: %v: %s", err, o)
+				}
+				return nil
+			}})
+		if err != nil || code != 0 || out.String() != "started\n" {
+			t.Errorf("a job whose node moved before its start: status %d, %v, output %q; want 0 and \"started\\n\"", code, err, out.String())
+		}
+	})
 	t.Run("interrupt", func(t *testing.T) {
 		j := exec.Command(radicBin, "run", "--np", "2", "--no-radic", "--tag-output", "--",
 			"/bin/sh", "-c", `trap 'echo term; exit 5' TERM; echo up; while :; do sleep 0.05; done`)
