@@ -11,10 +11,16 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/radic-project/radic/internal/cluster/proc"
 	"github.com/radic-project/radic/internal/radicd"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "nsexec" {
+		// The held-at-the-gate helper of the ranks this daemon launches
+		// (package proc): never returns.
+		proc.HelperMain()
+	}
 	cfg, err := radicd.ParseArgs(os.Args[1:], os.Stderr)
 	if errors.Is(err, radicd.ErrHelp) {
 		os.Exit(0)

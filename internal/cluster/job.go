@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/internal/cluster/proc"
+	"github.com/radic-project/radic/internal/jobrun"
 )
 
 // RunOptions are the settings of `radic run`.
@@ -37,6 +37,10 @@ type RunOptions struct {
 
 	Stdout, Stderr io.Writer
 	Logf           func(format string, args ...any) // radic's own messages
+
+	// Daemons, on a cluster with daemons, says where a node's radicd
+	// is; nil: from the cluster state (NodeDaemon).
+	Daemons jobrun.Daemons
 }
 
 // placement computes which node each rank runs on.
@@ -123,20 +127,31 @@ func Run(o RunOptions) (int, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
+	peek, err := Load(o.Dir)
+	if err != nil {
+		return 0, err
+	}
+	// With daemons, the node's radicd finds the program (in the rank's
+	// PATH) and says so when it cannot; only a relative path is made
+	// absolute here, against radic run's directory.
+	viaDaemons := peek.Daemons
 	path := o.Argv[0]
-	if !strings.Contains(path, "/") {
+	if !strings.Contains(path, "/") && !viaDaemons {
 		p, err := exec.LookPath(path)
 		if err != nil {
 			return 0, err
 		}
 		path = p
 	}
-	path, err := filepath.Abs(path)
-	if err != nil {
-		return 0, err
+	if strings.Contains(path, "/") {
+		if path, err = filepath.Abs(path); err != nil {
+			return 0, err
+		}
 	}
-	if _, err := os.Stat(path); err != nil {
-		return 0, err
+	if !viaDaemons {
+		if _, err := os.Stat(path); err != nil {
+			return 0, err
+		}
 	}
 	cwd, _ := os.Getwd()
 
@@ -213,27 +228,19 @@ func Run(o RunOptions) (int, error) {
 		})
 	}()
 
+	if s.Daemons != viaDaemons {
+		return 0, errors.New("the cluster was replaced while radic run started; run it again")
+	}
+	if s.Daemons {
+		return runThroughDaemons(o, s, &job, path, cwd, sigs)
+	}
+
 	var outWG sync.WaitGroup
 	var outMu sync.Mutex
 	tag := func(r int, rd io.ReadCloser, w io.Writer) {
 		defer outWG.Done()
 		defer rd.Close()
-		br := bufio.NewReader(rd)
-		prefix := fmt.Sprintf("[rank %d] ", r)
-		for {
-			line, err := br.ReadString('\n')
-			if line != "" {
-				if !strings.HasSuffix(line, "\n") {
-					line += "\n"
-				}
-				outMu.Lock()
-				io.WriteString(w, prefix+line)
-				outMu.Unlock()
-			}
-			if err != nil {
-				return
-			}
-		}
+		jobrun.Tag(r, rd, w, &outMu)
 	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {

@@ -43,7 +43,8 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
-	logs        *logRings // the processes' log rings (logring.go)
+	logs        *logRings  // the processes' log rings (logring.go)
+	ranks       *rankTable // the ranks this node launched (ranks.go)
 	hb          *hbudp.Transport
 	// beaconIf is the index of the interface this node's address is on,
 	// when radicd follows it (0: it does not).
@@ -101,6 +102,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		reg:    prometheus.NewRegistry(),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
 		notify: newNotifier(),
+		ranks:  newRankTable(),
 		detection: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "radic_detection_seconds",
 			Help:    "Silence of a node before this node (its watchdog) declared it unreachable: heartbeat timeout plus probe time.",
@@ -243,6 +245,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
 	d.loc.routes(mux)
+	d.rankRoutes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })

@@ -22,10 +22,41 @@
 //	DELETE /v1/listeners            unregister it (pushed too)
 //	POST|DELETE /v1/listeners?from=N  a push from node N's daemon
 //	GET  /v1/locate?job=J&addr=IP:PORT[&local=1]  is it a radic listener, and where is it now
+//	POST /v1/jobs/J/ranks           launch a rank of job J: a launch record {"version","job","rank","size","node","path","argv","env","cwd","stdin","merge_stderr"};
+//	                                stored with the protectors, then created held at its gate; 201 {"pid","start","protectors"}
+//	POST /v1/jobs/J/ranks/R/start   let it run; 422 with the reason when the exec failed
+//	GET  /v1/jobs/J/ranks/R[?wait=D]  {"state": held|running|exited, "exit": {"code","signal"}, "pid", ...}; with wait, once exited or after D
+//	GET  /v1/jobs/J/ranks/R/output?stream=stdout|stderr&from=F[&wait=D]  its bytes from offset F (those before F are released);
+//	                                X-Radic-Offset: F, X-Radic-Eof: 1 when the body ends the stream; 416 when F was released or is beyond the end
+//	POST /v1/jobs/J/ranks/R/signal?sig=TERM|KILL|INT|HUP|CONT|STOP  to its process group
+//	POST /v1/jobs/J/ranks/R/stdin   the body becomes its stdin (launched with "stdin": true), closed at the body's end
+//	DELETE /v1/jobs/J               the launcher is done: ranks still there are killed, all are forgotten
+//	GET  /v1/jobs                   every rank of this node (JSON)
 //	GET  /status, /healthz
 //
 // Store bodies are msglog record encodings (each with its CRC32C),
-// concatenated; location bodies are the JSON types of package reconfigure.
+// concatenated; location bodies are the JSON types of package reconfigure;
+// launch bodies are those of package internal/launch. An unknown job or
+// rank is a 404 that names the node, a bad program a 422 that names the
+// path.
+//
+// # Ranks
+//
+// radicd launches its node's ranks, so that it owns their processes (its
+// protector restarts them, issue 10). A launch record is stored with the
+// node's k protectors, as a msglog record of kind launch under owner
+// 2^64-1 (package internal/launch says why that cannot collide with a
+// process's data), before the process exists; then the rank is created
+// by this binary's `nsexec` helper (package internal/cluster/proc) in the
+// job cgroup (--job-cgroup, which fencing kills) and held at its gate, so
+// that the launcher can record its pid before it runs; Start opens the
+// gate. radicd already runs in the node's network namespace. A rank's
+// stdout and stderr are pipes read into windows of 4 MiB each (package
+// internal/launch/outbuf): the launcher's next offset releases what it
+// has, and a rank whose window is full waits, so a launcher that loses its
+// connection asks again from its last offset and nothing is lost. A rank
+// never started is ended after 30 s; an exited rank's status and output
+// are kept 10 min for a launcher that does not come back.
 //
 // # The location table
 //

@@ -65,6 +65,7 @@ type Kind uint8
 const (
 	KindData        Kind = 1 // received application bytes
 	KindDeterminant Kind = 2 // encoded determinants
+	KindLaunch      Kind = 3 // a process's launch record (package internal/launch)
 )
 
 func (k Kind) String() string {
@@ -73,6 +74,8 @@ func (k Kind) String() string {
 		return "data"
 	case KindDeterminant:
 		return "determinant"
+	case KindLaunch:
+		return "launch"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }

@@ -1,0 +1,573 @@
+// Package jobrun runs a job whose ranks the nodes' radicds launch: the
+// launcher's side of radicd's launch API (package internal/launch), used
+// by `radic run` on a cluster with daemons. It knows nothing of where the
+// ranks were placed or how a node's daemon is found: the caller gives one
+// launch record per rank and a [Daemons] func.
+//
+// A job runs in three steps, as the direct launcher did: every rank is
+// created, held at its gate (radicd stores its launch record with its
+// protectors first); the caller records the pids (Options.Created); then
+// every gate opens. Each rank then has three long polls on its daemon:
+// its exit status, and its stdout and stderr by byte offset. A poll that
+// fails (the daemon moved, its link was cut) is asked again from the last
+// offset written out, so nothing is lost or printed twice; radicd keeps a
+// rank's unfetched output (4 MiB a stream, the rank waits beyond). The
+// exit status and the messages are those of the direct launcher: the
+// first failing rank's status (128+signal), SIGTERM to every rank and
+// SIGKILL after the grace period on a failure or a signal.
+//
+// A rank whose daemon has not answered for 3 s once SIGKILL was sent (the
+// job is being stopped; Grace has passed) is given up on: radic run ends,
+// saying so, rather than wait for a link that may never heal. radicd
+// still holds the rank, and kills it when radic run's goodbye (DELETE)
+// reaches it; `radic cluster down` kills it in any case.
+package jobrun
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/radic-project/radic/internal/launch"
+)
+
+// Timing of the polls.
+const (
+	pollWait     = 2 * time.Second        // radicd holds an output poll this long
+	statusWait   = time.Second            // and a status poll this long
+	pollSlack    = time.Second            // more for the answer: a connection to an address gone is dropped then
+	retryEvery   = 200 * time.Millisecond // after a failed poll
+	abandonAfter = 3 * time.Second        // of silence from a daemon, once SIGKILL was sent
+	drainTimeout = 2 * time.Second        // of a stream held open by a rank's orphan, after its exit
+	lostTimeout  = 10 * time.Second       // of a daemon unreachable after its rank's exit
+	// unreachableFor is how long a launch or a start is retried while the
+	// daemon cannot be reached (a readdressed node is found again within
+	// refreshEvery; a dead one is then reported).
+	unreachableFor = 5 * time.Second
+)
+
+// Options are a job's settings.
+type Options struct {
+	Ranks   []launch.Record // rank r is Ranks[r]
+	Daemons Daemons
+	HTTP    *http.Client // nil: NewHTTPClient()
+
+	TagOutput      bool // prefix every output line with "[rank R] "
+	Stdout, Stderr io.Writer
+	Stdin          io.Reader // fed to the ranks whose record asks for stdin
+	Grace          time.Duration
+	Signals        <-chan os.Signal // stop the job (SIGTERM, SIGKILL after Grace)
+	Logf           func(format string, args ...any)
+
+	// Created, if set, is called once every rank exists and before any
+	// runs, with their processes (rank r is started[r]).
+	Created func(started []launch.Started) error
+}
+
+type exitMsg struct {
+	rank int
+	exit launch.Exit
+}
+
+// Run runs the job and returns its status: 0 when every rank exited 0,
+// else the first failing rank's (128+signal), or 128+signal of a signal
+// that stopped it. An error means the job could not start.
+func Run(o Options) (int, error) {
+	np := len(o.Ranks)
+	if np == 0 {
+		return 0, errors.New("jobrun: no rank")
+	}
+	if o.HTTP == nil {
+		o.HTTP = NewHTTPClient()
+	}
+	if o.Grace == 0 {
+		o.Grace = 3 * time.Second
+	}
+	logf := o.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	job := o.Ranks[0].Job
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	daemons := newBook(o.Daemons)
+	var nodes []int
+	clients := make([]*Client, np)
+	for r := range o.Ranks {
+		clients[r] = &Client{Node: o.Ranks[r].Node, Daemons: daemons.daemon, Moved: daemons.movedFrom, HTTP: o.HTTP}
+		if !slices.Contains(nodes, o.Ranks[r].Node) {
+			nodes = append(nodes, o.Ranks[r].Node)
+		}
+	}
+	go daemons.run(ctx, nodes)
+	// forget tells every daemon of the job that radic run is done with
+	// it (ranks still there, such as held ones, are ended).
+	forget := func() {
+		seen := map[int]bool{}
+		var wg sync.WaitGroup
+		for _, c := range clients {
+			if seen[c.Node] {
+				continue
+			}
+			seen[c.Node] = true
+			wg.Go(func() {
+				fctx, fcancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer fcancel()
+				_ = c.Forget(fctx, job)
+			})
+		}
+		wg.Wait()
+	}
+
+	// Step 1: create every rank, held at its gate.
+	started := make([]launch.Started, np)
+	errs := make([]error, np)
+	parallel(np, func(r int) {
+		lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer lcancel()
+		started[r], errs[r] = launchRank(lctx, clients[r], &o.Ranks[r])
+		if errs[r] != nil {
+			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, errs[r])
+		}
+	})
+	startErr := errors.Join(errs...)
+	// Step 2: the caller records the pids.
+	if startErr == nil && o.Created != nil {
+		startErr = o.Created(started)
+	}
+	if startErr != nil {
+		forget()
+		return 0, startErr
+	}
+
+	// Step 3: open the gates.
+	running := make([]bool, np)
+	parallel(np, func(r int) {
+		sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+		defer scancel()
+		if err := startRank(sctx, clients[r], job, r); err != nil {
+			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, err)
+			return
+		}
+		running[r] = true
+	})
+	startErr = errors.Join(errs...)
+
+	out := newOutput(o.TagOutput, o.Stdout, o.Stderr)
+	exits := make(chan exitMsg, np)
+	var outWG sync.WaitGroup
+	nrun := 0
+	// exited[r] is closed when rank r's exit is known (or it was given
+	// up on): its output is then drained, not waited for for ever.
+	// abandoned[r] is closed when rank r is given up on: its output is
+	// not waited for at all.
+	exited := make([]chan struct{}, np)
+	abandoned := make([]chan struct{}, np)
+	for r := range exited {
+		exited[r] = make(chan struct{})
+		abandoned[r] = make(chan struct{})
+	}
+	contact := make([]atomic.Int64, np) // unix nanoseconds of the last answer from the rank's daemon
+	for r := range contact {
+		contact[r].Store(time.Now().UnixNano())
+	}
+	for r, ok := range running {
+		if !ok {
+			continue
+		}
+		nrun++
+		go watchExit(ctx, clients[r], job, r, exits, &contact[r])
+		for _, s := range []string{launch.Stdout, launch.Stderr} {
+			w := out.sink(r, s)
+			outWG.Go(func() {
+				defer w.Close()
+				forward(ctx, clients[r], job, r, s, w, exited[r], abandoned[r], logf)
+			})
+		}
+		if o.Ranks[r].Stdin && o.Stdin != nil {
+			go func() {
+				if err := clients[r].Stdin(ctx, job, r, o.Stdin); err != nil && ctx.Err() == nil {
+					logf("radic run: stdin of rank %d: %v", r, err)
+				}
+			}()
+		}
+	}
+	if startErr != nil && nrun == 0 {
+		forget()
+		return 0, startErr
+	}
+
+	// signal sends sig to every rank still running, each through its
+	// daemon, without waiting for the answers.
+	signal := func(sig syscall.Signal) {
+		for r := range running {
+			if !running[r] {
+				continue
+			}
+			go func() {
+				sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+				defer scancel()
+				_ = clients[r].Signal(sctx, job, r, sig)
+			}()
+		}
+	}
+	code := 0
+	failed, interrupted := false, false
+	var stopTimer, abandonTimer <-chan time.Time
+	stopping := func(sig syscall.Signal) {
+		signal(sig)
+		if stopTimer == nil {
+			stopTimer = time.After(o.Grace)
+		}
+	}
+	if startErr != nil {
+		logf("radic run: %v; stopping the job", startErr)
+		failed, code = true, 1
+		stopping(syscall.SIGTERM)
+	}
+	for left := nrun; left > 0; {
+		select {
+		case e := <-exits:
+			if !running[e.rank] {
+				continue // given up on already
+			}
+			left--
+			running[e.rank] = false
+			close(exited[e.rank])
+			c := e.exit.Status()
+			if c != 0 && !failed && !interrupted {
+				failed, code = true, c
+				logf("radic run: rank %d (node %d, pid %d) %s; stopping the job", e.rank, o.Ranks[e.rank].Node, started[e.rank].Pid, e.exit)
+				stopping(syscall.SIGTERM)
+			}
+		case sig := <-o.Signals:
+			if interrupted {
+				logf("radic run: %v again: killing the job", sig)
+				signal(syscall.SIGKILL)
+				continue
+			}
+			interrupted = true
+			if !failed {
+				code = 128 + int(sig.(syscall.Signal))
+			}
+			logf("radic run: %v: stopping job %s (SIGTERM, SIGKILL after %v)", sig, job, o.Grace)
+			stopping(syscall.SIGTERM)
+		case <-stopTimer:
+			signal(syscall.SIGKILL)
+			abandonTimer = time.After(abandonAfter)
+		case <-abandonTimer:
+			// Stop waiting for ranks on nodes whose daemons do not
+			// answer (cut off, frozen or dead); the others die of the
+			// SIGKILL and say so.
+			abandonTimer = time.After(abandonAfter / 3)
+			for r := range running {
+				silent := time.Since(time.Unix(0, contact[r].Load()))
+				if running[r] && silent >= abandonAfter {
+					logf("radic run: rank %d (node %d, pid %d): its radicd has not answered for %v after SIGKILL; giving up on it",
+						r, o.Ranks[r].Node, started[r].Pid, silent.Round(100*time.Millisecond))
+					running[r] = false
+					close(exited[r])
+					close(abandoned[r])
+					left--
+				}
+			}
+		}
+	}
+	// Every stream is forwarded to its end; forward bounds the wait for
+	// an orphan's pipe and for a daemon out of reach.
+	outWG.Wait()
+	cancel()
+	forget()
+	return code, nil
+}
+
+// launchRank launches rec's rank, asking again for a while if the daemon
+// could not be reached (its node may be moving); a retry that finds the
+// rank launched (409) takes its pid from the daemon: the first request got
+// through.
+func launchRank(ctx context.Context, c *Client, rec *launch.Record) (launch.Started, error) {
+	var st launch.Started
+	err := retryUnreachable(ctx, func(retry bool) error {
+		var err error
+		st, err = c.Launch(ctx, rec)
+		if retry && httpStatus(err) == http.StatusConflict {
+			rs, serr := c.Status(ctx, rec.Job, rec.Rank, 0)
+			if serr != nil {
+				return serr
+			}
+			st = launch.Started{Pid: rs.Pid, Start: rs.Start}
+			return nil
+		}
+		return err
+	})
+	return st, err
+}
+
+// startRank opens the rank's gate, likewise: a retry told "started
+// already" (409) means the first request got through.
+func startRank(ctx context.Context, c *Client, job string, rank int) error {
+	return retryUnreachable(ctx, func(retry bool) error {
+		err := c.Start(ctx, job, rank)
+		if retry && httpStatus(err) == http.StatusConflict {
+			return nil
+		}
+		return err
+	})
+}
+
+// retryUnreachable calls fn until it succeeds, fails otherwise than by
+// an unreachable daemon, or has failed so for unreachableFor.
+func retryUnreachable(ctx context.Context, fn func(retry bool) error) error {
+	deadline := time.Now().Add(unreachableFor)
+	for retry := false; ; retry = true {
+		err := fn(retry)
+		if err == nil || !Unreachable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleep(ctx, retryEvery)
+	}
+}
+
+func httpStatus(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+// watchExit polls the rank's status until it has exited, through any
+// number of failed polls.
+func watchExit(ctx context.Context, c *Client, job string, rank int, exits chan<- exitMsg, contact *atomic.Int64) {
+	for ctx.Err() == nil {
+		// Short polls: each answer is news that the daemon is there.
+		pctx, pcancel := context.WithTimeout(ctx, statusWait+pollSlack)
+		st, err := c.Status(pctx, job, rank, statusWait)
+		pcancel()
+		if err == nil || !Unreachable(err) {
+			contact.Store(time.Now().UnixNano())
+		}
+		switch {
+		case err == nil && st.Exit != nil:
+			exits <- exitMsg{rank, *st.Exit}
+			return
+		case err == nil:
+		case isNotFound(err):
+			// radicd forgot the rank: restarted, or its node lost its
+			// state. Its end is unknown: count it as killed.
+			exits <- exitMsg{rank, launch.Exit{Signal: int(syscall.SIGKILL)}}
+			return
+		default:
+			sleep(ctx, retryEvery)
+		}
+	}
+}
+
+func isNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// forward copies one output stream of a rank to w, by offset, until its
+// end: a failed poll is asked again from the last byte written out. Once
+// the rank has exited (exited is closed), a stream that stays open without
+// a byte for drainTimeout (a child of the rank holds it) is left, as the
+// direct launcher leaves it; a daemon unreachable for lostTimeout then is
+// given up on, saying what was not forwarded. A rank given up on
+// (abandoned closed) is not waited for at all.
+func forward(ctx context.Context, c *Client, job string, rank int, stream string, w io.Writer, exited, abandoned <-chan struct{}, logf func(string, ...any)) {
+	var off uint64
+	buf := make([]byte, 64<<10)
+	var idleSince, failSince time.Time // after the exit: nothing new, no answer
+	for ctx.Err() == nil {
+		wait := pollWait
+		done := false
+		select {
+		case <-abandoned:
+			return
+		default:
+		}
+		select {
+		case <-exited:
+			done = true
+			wait = drainTimeout / 4
+		default:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, wait+pollSlack)
+		if !done {
+			// The exit ends a poll in flight: it may hang on an address
+			// the node no longer has (readdressed), while the rest of
+			// the output waits at the new one.
+			go func() {
+				select {
+				case <-exited:
+					pcancel()
+				case <-pctx.Done():
+				}
+			}()
+		}
+		body, eof, err := c.Output(pctx, job, rank, stream, off, wait)
+		if err != nil {
+			pcancel()
+			if isNotFound(err) {
+				return
+			}
+			if done {
+				if failSince.IsZero() {
+					failSince = time.Now()
+				} else if time.Since(failSince) > lostTimeout {
+					logf("radic run: %s of rank %d after byte %d not forwarded: %v", stream, rank, off, err)
+					return
+				}
+			}
+			sleep(ctx, retryEvery)
+			continue
+		}
+		failSince = time.Time{}
+		complete := false
+		n0 := off
+		for {
+			n, rerr := body.Read(buf)
+			if n > 0 {
+				_, _ = w.Write(buf[:n])
+				off += uint64(n)
+			}
+			if rerr != nil {
+				complete = errors.Is(rerr, io.EOF)
+				break
+			}
+		}
+		body.Close()
+		pcancel()
+		if eof && complete {
+			return
+		}
+		switch {
+		case !done || off > n0:
+			idleSince = time.Time{}
+		case idleSince.IsZero():
+			idleSince = time.Now()
+		case time.Since(idleSince) > drainTimeout:
+			return
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// output is where the ranks' streams go: the launcher's stdout and
+// stderr, each write whole under one lock, or line by line with a "[rank
+// R] " prefix.
+type output struct {
+	tag    bool
+	stdout io.Writer
+	stderr io.Writer
+	mu     sync.Mutex
+}
+
+func newOutput(tag bool, stdout, stderr io.Writer) *output {
+	return &output{tag: tag, stdout: stdout, stderr: stderr}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func (lockedWriter) Close() error { return nil }
+
+// sink is the writer for rank's stream; the caller closes it at the
+// stream's end (a partial last line is then tagged and ended).
+func (o *output) sink(rank int, stream string) io.WriteCloser {
+	w := o.stdout
+	if stream == launch.Stderr {
+		w = o.stderr
+	}
+	if !o.tag {
+		return lockedWriter{&o.mu, w}
+	}
+	pr, pw := io.Pipe()
+	t := &tagSink{pw: pw, done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		Tag(rank, pr, w, &o.mu)
+		pr.Close()
+	}()
+	return t
+}
+
+// tagSink feeds Tag; Close returns once Tag has written the last line.
+type tagSink struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+}
+
+func (t *tagSink) Write(p []byte) (int, error) { return t.pw.Write(p) }
+
+func (t *tagSink) Close() error {
+	t.pw.Close()
+	<-t.done
+	return nil
+}
+
+// Tag copies rd to w line by line, each prefixed "[rank R] " and written
+// whole under mu; a last line without a newline gets one. It is the one
+// definition of --tag-output, shared by both launchers.
+func Tag(rank int, rd io.Reader, w io.Writer, mu *sync.Mutex) {
+	br := bufio.NewReader(rd)
+	prefix := fmt.Sprintf("[rank %d] ", rank)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			if !strings.HasSuffix(line, "\n") {
+				line += "\n"
+			}
+			mu.Lock()
+			_, _ = io.WriteString(w, prefix+line)
+			mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// parallel runs fn(0..n-1) on a few goroutines at a time.
+func parallel(n int, fn func(i int)) {
+	const width = 8
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, width)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			fn(i)
+		}()
+	}
+	wg.Wait()
+}
