@@ -163,7 +163,7 @@ func (w *world) connect(peer netip.AddrPort) (uint64, syscall.Errno, error) {
 		w.refusals--
 		return 0, syscall.ECONNREFUSED, nil
 	}
-	return master<<32 | 0, 0, nil
+	return master << 32, 0, nil // the master's first connect (number 0)
 }
 
 func (w *world) accept(port uint16) (uint64, syscall.Errno, error) {
