@@ -359,6 +359,20 @@ func (s *Store) Append(r Record) error {
 // returns how many were stored (those are durable per the policy even when
 // err != nil) and that record's error.
 func (s *Store) AppendBatch(rs []Record) (int, error) {
+	return s.appendBatch(rs, s.opts.Sync == SyncAlways, false)
+}
+
+// Write is AppendBatch for a caller that fsyncs itself (Sync) when it
+// needs to, whatever the policy, and hands the payloads over: the store
+// may keep them (in its cache of recent records) instead of a copy, so
+// they must not change afterwards. The replication path's protector
+// writes with it: it acknowledges what it received before the write, and
+// what is stored after it (and after one Sync for every batch waiting).
+func (s *Store) Write(rs []Record) (int, error) {
+	return s.appendBatch(rs, false, true)
+}
+
+func (s *Store) appendBatch(rs []Record, sync, owned bool) (int, error) {
 	fail := func(r *Record, err error) error {
 		switch {
 		case errors.Is(err, ErrFull):
@@ -383,7 +397,7 @@ func (s *Store) AppendBatch(rs []Record) (int, error) {
 			err = fmt.Errorf("%w: empty payload", ErrInvalid)
 		} else {
 			var q uint64
-			if q, err = s.appendLocked(Key{r.Owner, r.Stream}, *r); err == nil {
+			if q, err = s.appendLocked(Key{r.Owner, r.Stream}, *r, owned); err == nil {
 				seq = q
 			}
 		}
@@ -394,7 +408,7 @@ func (s *Store) AppendBatch(rs []Record) (int, error) {
 		n++
 	}
 	s.mu.Unlock()
-	if n > 0 && s.opts.Sync == SyncAlways {
+	if n > 0 && sync {
 		if err := s.syncTo(seq); err != nil {
 			return 0, fail(&rs[0], err)
 		}
@@ -405,7 +419,7 @@ func (s *Store) AppendBatch(rs []Record) (int, error) {
 
 // appendLocked returns the write sequence that must be durable before r is
 // acknowledged.
-func (s *Store) appendLocked(k Key, r Record) (uint64, error) {
+func (s *Store) appendLocked(k Key, r Record, owned bool) (uint64, error) {
 	if s.closed {
 		return 0, ErrClosed
 	}
@@ -452,7 +466,7 @@ func (s *Store) appendLocked(k Key, r Record) (uint64, error) {
 		r.Payload = r.Payload[st.end-r.Offset:]
 		r.Offset = st.end
 	}
-	if err := s.writeLocked(st, &r); err != nil {
+	if err := s.writeLocked(st, &r, owned); err != nil {
 		return 0, err
 	}
 	return s.written, nil
@@ -480,7 +494,7 @@ func (s *Store) compareLocked(st *stream, off uint64, want []byte) error {
 	return nil
 }
 
-func (s *Store) writeLocked(st *stream, r *record.Record) error {
+func (s *Store) writeLocked(st *stream, r *record.Record, owned bool) error {
 	need := int64(r.Len())
 	if s.opts.MaxBytes > 0 && s.diskBytes+need > s.opts.MaxBytes {
 		return full(fmt.Errorf("%w: %d + %d bytes > %d", ErrQuota, s.diskBytes, need, s.opts.MaxBytes))
@@ -515,7 +529,7 @@ func (s *Store) writeLocked(st *stream, r *record.Record) error {
 	s.diskBytes += need
 	s.written++
 	s.indexLocked(st, act, pos, r)
-	s.cacheLocked(st, r)
+	s.cacheLocked(st, r, owned)
 	s.stats.AppendedBytes.Add(uint64(len(r.Payload)))
 	s.publishLocked()
 	return nil
@@ -567,7 +581,7 @@ func (s *Store) dropSegmentLocked(seg *segment) {
 	s.stats.SegmentsDropped.Add(1)
 }
 
-func (s *Store) cacheLocked(st *stream, r *record.Record) {
+func (s *Store) cacheLocked(st *stream, r *record.Record, owned bool) {
 	cost := int64(costCached + len(r.Payload))
 	if cost > s.opts.MemoryLimit-s.indexBytes {
 		// Too big to cache: the tail must stay a contiguous suffix.
@@ -578,7 +592,11 @@ func (s *Store) cacheLocked(st *stream, r *record.Record) {
 		s.evictLocked()
 		return
 	}
-	st.tail.push(cached{r.Offset, r.Kind, bytes.Clone(r.Payload)})
+	p := r.Payload
+	if !owned {
+		p = bytes.Clone(p)
+	}
+	st.tail.push(cached{r.Offset, r.Kind, p})
 	s.queue.push(queued{st, r.Offset})
 	s.cacheBytes += cost + costQueued
 	s.evictLocked()

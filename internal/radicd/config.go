@@ -37,6 +37,7 @@ type Config struct {
 	Probers     int                                 // --probers
 	Protectors  int                                 // --protectors
 	StoreSync   msglog.SyncPolicy                   // --store-sync
+	LogStable   LogStable                           // --log-stable
 	StoreMax    int64                               // --store-max-bytes
 	StoreMemory int64                               // --store-memory
 	LogLevel    string                              // --log-level
@@ -127,6 +128,11 @@ var settings = []setting{
 	{name: "store-sync", usage: "fsync policy of the store: always, interval or never", set: func(c *Config, v string) error {
 		p, err := msglog.ParseSyncPolicy(v)
 		c.StoreSync = p
+		return err
+	}},
+	{name: "log-stable", usage: "when a process's received bytes count as logged: memory (once its k protectors have them in memory; their stores write and fsync behind, per --store-sync: survives any one node's failure) or disk (once the protectors' stores have written them, fsynced with --store-sync always)", set: func(c *Config, v string) error {
+		p, err := ParseLogStable(v)
+		c.LogStable = p
 		return err
 	}},
 	{name: "store-max-bytes", usage: "quota on the store's files in bytes (0: none, the disk is the limit)", set: func(c *Config, v string) error {
@@ -289,6 +295,8 @@ func defaultNote(name string) string {
 		return fmt.Sprintf(" (default %d)", d.Protectors)
 	case "store-sync":
 		return " (default always)"
+	case "log-stable":
+		return " (default memory)"
 	case "store-memory":
 		return fmt.Sprintf(" (default %d)", d.StoreMemory)
 	case "log-level":

@@ -43,8 +43,12 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
-	logs        *logRings // the processes' log rings (logring.go)
-	hb          *hbudp.Transport
+	logs        *logRings   // the processes' log rings (logring.go)
+	repl        *replicator // this node's log streams to its protectors (repl.go)
+	writersMu   sync.Mutex
+	// +checklocks:writersMu
+	writers map[heartbeat.NodeID]*logWriter // protected nodes' log streams (repl.go)
+	hb      *hbudp.Transport
 	// beaconIf is the index of the interface this node's address is on,
 	// when radicd follows it (0: it does not).
 	beaconIf atomic.Int32
@@ -107,10 +111,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			Buckets: DetectionBuckets,
 		}),
 	}
-	d.logs = &logRings{log: log, replicate: func(ctx context.Context, body []byte) error {
-		_, err := d.replicate(ctx, body)
-		return err
-	}}
+	d.repl = newReplicator(d)
+	d.logs = &logRings{log: log, submit: d.repl.submit}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {
@@ -228,6 +230,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	defer cancel()
 	d.loc.bgCtx = ctx // announcements of this node's moves end with it
 	d.logs.ctx = ctx
+	d.repl.ctx = ctx
 	ifi, watch := d.initAddress()
 	var wg sync.WaitGroup
 	runErr := make(chan error, 1)
@@ -240,6 +243,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("POST /v1/logring", d.handleLogRing)
 	mux.HandleFunc("POST /v1/suspect", d.handleSuspect)
 	mux.HandleFunc("POST /v1/replica/append", d.handleReplicaAppend)
+	mux.HandleFunc("POST /v1/replica/stream", d.handleReplicaStream)
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
 	d.loc.routes(mux)
