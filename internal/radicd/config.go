@@ -38,6 +38,7 @@ type Config struct {
 	Protectors  int                                 // --protectors
 	StoreSync   msglog.SyncPolicy                   // --store-sync
 	LogStable   LogStable                           // --log-stable
+	Pprof       string                              // --pprof
 	StoreMax    int64                               // --store-max-bytes
 	StoreMemory int64                               // --store-memory
 	LogLevel    string                              // --log-level
@@ -135,6 +136,7 @@ var settings = []setting{
 		c.LogStable = p
 		return err
 	}},
+	{name: "pprof", usage: "`ADDR:PORT` serving Go's /debug/pprof/ (profiles and execution traces of radicd); empty: off", set: func(c *Config, v string) error { c.Pprof = v; return nil }},
 	{name: "store-max-bytes", usage: "quota on the store's files in bytes (0: none, the disk is the limit)", set: func(c *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {

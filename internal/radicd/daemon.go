@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -100,6 +101,7 @@ func NewLogger(c Config, w *os.File) *slog.Logger {
 
 // New prepares a daemon: state directory, incarnation, store recovery.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	spareProcs()
 	d := &Daemon{
 		cfg: cfg, self: heartbeat.NodeID(cfg.Node), log: log, started: time.Now(),
 		reg:    prometheus.NewRegistry(),
@@ -258,6 +260,19 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		msrv := &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, msrv)
 		wg.Go(func() { d.serve(msrv, metricsLn, "metrics") })
+	}
+	if d.cfg.Pprof != "" {
+		if ln, err := net.Listen("tcp", d.cfg.Pprof); err != nil {
+			d.log.Warn("cannot serve pprof", "addr", d.cfg.Pprof, "err", err)
+		} else {
+			pm := http.NewServeMux()
+			pm.HandleFunc("/debug/pprof/", pprof.Index)
+			pm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			pm.HandleFunc("/debug/pprof/trace", pprof.Trace)
+			psrv := &http.Server{Handler: pm, ReadHeaderTimeout: 10 * time.Second}
+			servers = append(servers, psrv)
+			wg.Go(func() { d.serve(psrv, ln, "pprof") })
+		}
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
 	wg.Go(func() { d.loc.routineSources(ctx) })

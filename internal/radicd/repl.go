@@ -531,6 +531,7 @@ type logWriter struct {
 type replFrame struct {
 	seq  uint64
 	recs []msglog.Record
+	encs [][]byte // each record's encoding, as received (written as is)
 	c    *replConn
 }
 
@@ -651,14 +652,14 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 		if _, err := io.ReadFull(br, body); err != nil {
 			return err
 		}
-		recs, err := splitRecords(body)
+		recs, encs, err := splitRecords(body)
 		if err != nil {
 			msg := "records: " + err.Error()
 			rc.err.Store(&msg)
 			rc.sendAck()
 			return errors.New(msg)
 		}
-		lw.q <- &replFrame{seq: seq, recs: recs, c: rc}
+		lw.q <- &replFrame{seq: seq, recs: recs, encs: encs, c: rc}
 		rc.recv.Store(seq)
 		// Ack on receipt only when nothing more is already waiting to be
 		// read: the next frame's ack covers this one.
@@ -670,18 +671,21 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 	}
 }
 
-// splitRecords decodes a body of concatenated records; the payloads alias it.
-func splitRecords(b []byte) ([]msglog.Record, error) {
+// splitRecords decodes (and checks) a body of concatenated records; the
+// payloads and the encodings alias it.
+func splitRecords(b []byte) ([]msglog.Record, [][]byte, error) {
 	out := make([]msglog.Record, 0, 4)
+	encs := make([][]byte, 0, 4)
 	for len(b) > 0 {
 		r, n, err := record.Decode(b)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, r)
+		encs = append(encs, b[:n:n])
 		b = b[n:]
 	}
-	return out, nil
+	return out, encs, nil
 }
 
 // routineLogWriter stores one protected node's batches as they come,
@@ -747,10 +751,10 @@ func (d *Daemon) routineLogWriter(w *logWriter) {
 // (the protector holds them in memory meanwhile and says why in its acks).
 func (d *Daemon) storeFrame(ctx context.Context, log *slog.Logger, w *logWriter, f *replFrame) {
 	backoff := 50 * time.Millisecond
-	recs := f.recs
+	recs, encs := f.recs, f.encs
 	for len(recs) > 0 {
-		n, err := w.st.Write(recs)
-		recs = recs[n:]
+		n, err := w.st.Write(recs, encs)
+		recs, encs = recs[n:], encs[n:]
 		if err == nil {
 			if f.c.err.Load() != nil {
 				f.c.err.Store(nil)
@@ -767,7 +771,7 @@ func (d *Daemon) storeFrame(ctx context.Context, log *slog.Logger, w *logWriter,
 			// Conflict, gap, invalid: retrying cannot help. Loud, and the
 			// records are skipped (the node sees the reason in the acks).
 			log.Error("cannot store a protected node's log records: skipped", "err", err, "records", len(recs))
-			recs = recs[1:]
+			recs, encs = recs[1:], encs[1:]
 			continue
 		}
 		log.Warn("protected node's log records wait in memory: the store is full", "err", err)
