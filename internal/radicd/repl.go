@@ -659,15 +659,18 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 			rc.sendAck()
 			return errors.New(msg)
 		}
-		lw.q <- &replFrame{seq: seq, recs: recs, encs: encs, c: rc}
+		// Ack on receipt (the frame is in memory, checked), before
+		// queueing it, which may wake the writer's thread: the ack is on
+		// the process's hold path, the write is not. Only when nothing
+		// more is already waiting to be read: the next frame's ack
+		// covers this one.
 		rc.recv.Store(seq)
-		// Ack on receipt only when nothing more is already waiting to be
-		// read: the next frame's ack covers this one.
 		if ackRecv && br.Buffered() < replHdrLen {
 			if err := rc.sendAck(); err != nil {
 				return err
 			}
 		}
+		lw.q <- &replFrame{seq: seq, recs: recs, encs: encs, c: rc}
 	}
 }
 
