@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,6 +109,11 @@ type replicator struct {
 	protsErr error
 	// +checklocks:mu
 	protsAt time.Time
+
+	// lookup and addr find the protectors and their addresses (the
+	// ring's and the locator's; fakes in tests).
+	lookup func(ctx context.Context) ([]heartbeat.NodeID, error)
+	addr   func(id heartbeat.NodeID) (netip.AddrPort, bool)
 }
 
 // replProtsTTL: how long the protector set read from the ring is reused.
@@ -116,7 +122,9 @@ type replicator struct {
 const replProtsTTL = 50 * time.Millisecond
 
 func newReplicator(d *Daemon) *replicator {
-	return &replicator{d: d, log: d.log, streams: map[heartbeat.NodeID]*replStream{}}
+	return &replicator{d: d, log: d.log, streams: map[heartbeat.NodeID]*replStream{},
+		lookup: d.currentProtectors,
+		addr:   func(id heartbeat.NodeID) (netip.AddrPort, bool) { return d.loc.peerAddr(int(id)) }}
 }
 
 // protectors returns this node's current protectors.
@@ -128,7 +136,7 @@ func (rp *replicator) protectors(ctx context.Context) ([]heartbeat.NodeID, error
 		return p, err
 	}
 	rp.mu.Unlock()
-	p, err := rp.d.currentProtectors(ctx)
+	p, err := rp.lookup(ctx)
 	rp.mu.Lock()
 	rp.prots, rp.protsErr, rp.protsAt = p, err, time.Now()
 	// Streams to nodes that no longer protect this one end; their
@@ -376,6 +384,8 @@ func (s *replStream) routineReplStream(ctx context.Context) {
 	log := s.rp.log.With("protector", s.peer)
 	log.Info("RoutineReplStream starting")
 	defer log.Info("RoutineReplStream stopped")
+	stopOnDone := context.AfterFunc(ctx, func() { s.close(errors.New("daemon stopping")) })
+	defer stopOnDone()
 	backoff := 20 * time.Millisecond
 	for {
 		select {
@@ -409,7 +419,7 @@ func (s *replStream) routineReplStream(ctx context.Context) {
 }
 
 func (s *replStream) dial(ctx context.Context) (net.Conn, *bufio.Reader, error) {
-	addr, ok := s.rp.d.loc.peerAddr(int(s.peer))
+	addr, ok := s.rp.addr(s.peer)
 	if !ok {
 		return nil, nil, errors.New("no address")
 	}
