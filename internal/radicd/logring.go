@@ -292,16 +292,22 @@ func (r *logRing) boundary(head, limit uint64) uint64 {
 	return x
 }
 
-// take copies [r.sent, head) out of the ring, unwrapped.
-func (r *logRing) take(head uint64, buf []byte) []byte {
-	buf = buf[:0]
+// take returns [r.sent, head) unwrapped: the ring's own memory when it
+// does not wrap (the producer leaves everything past stable alone), else a
+// copy in buf.
+func (r *logRing) take(head uint64, buf *[]byte) []byte {
+	if o := r.sent & (r.size - 1); o+(head-r.sent) <= r.size {
+		return r.data[o : o+(head-r.sent)]
+	}
+	b := (*buf)[:0]
 	for x := r.sent; x < head; {
 		o := x & (r.size - 1)
 		n := min(head-x, r.size-o)
-		buf = append(buf, r.data[o:o+n]...)
+		b = append(b, r.data[o:o+n]...)
 		x += n
 	}
-	return buf
+	*buf = b
+	return b
 }
 
 // spareProcs gives the Go scheduler more Ps than CPUs (unless GOMAXPROCS
@@ -385,8 +391,7 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			return
 		}
 		head = r.boundary(head, logBatch)
-		buf = r.take(head, buf)
-		rrecs, err := logring.DecodeAll(buf)
+		rrecs, err := logring.DecodeAll(r.take(head, &buf))
 		if err == nil {
 			recs, err = r.conv.Convert(recs[:0], rrecs)
 		}

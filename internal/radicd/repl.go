@@ -192,7 +192,7 @@ func (rp *replicator) stream(id heartbeat.NodeID) *replStream {
 	defer rp.mu.Unlock()
 	s := rp.streams[id]
 	if s == nil {
-		s = &replStream{rp: rp, peer: id, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+		s = &replStream{rp: rp, peer: id, wkick: make(chan struct{}, 1), stop: make(chan struct{})}
 		rp.streams[id] = s
 		go s.routineReplStream(rp.ctx)
 	}
@@ -301,15 +301,18 @@ type replBatch struct {
 type replStream struct {
 	rp   *replicator
 	peer heartbeat.NodeID
-	kick chan struct{}
 	stop chan struct{}
 
-	wmu sync.Mutex // serializes writes to conn; taken before mu
-	mu  sync.Mutex
+	wkick chan struct{}
+	mu    sync.Mutex
 	// +checklocks:mu
 	conn net.Conn // nil while disconnected
 	// +checklocks:mu
 	seq uint64 // last assigned
+	// +checklocks:mu
+	written uint64 // last written on conn
+	// +checklocks:mu
+	writing bool // a goroutine writes on conn
 	// +checklocks:mu
 	pend []*replBatch // not yet stored, in seq order
 	// +checklocks:mu
@@ -346,9 +349,14 @@ func (s *replStream) close(err error) {
 	}
 }
 
+// replInline: a batch up to this size is written by the goroutine that
+// submits it when nothing is being written (the hold path's small
+// batches: no hand-off); larger ones, and any batch behind another, are
+// written by the connection's writer, so that the drain prepares the next
+// batch while this one goes out.
+const replInline = 64 << 10
+
 func (s *replStream) send(body []byte, tk *ticket) {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
 	s.mu.Lock()
 	if s.closed != nil {
 		err := s.closed
@@ -360,12 +368,76 @@ func (s *replStream) send(body []byte, tk *ticket) {
 	b := &replBatch{seq: s.seq, body: body, tk: tk}
 	s.pend = append(s.pend, b)
 	c := s.conn
-	s.mu.Unlock()
-	if c == nil {
-		return // the routine sends it once connected
+	inline := c != nil && !s.writing && s.written == b.seq-1 && len(body) <= replInline
+	if inline {
+		s.writing = true
 	}
-	if err := writeBatch(c, b); err != nil {
+	s.mu.Unlock()
+	if !inline {
+		s.kickWriter()
+		return
+	}
+	err := writeBatch(c, b)
+	s.mu.Lock()
+	s.writing = false
+	if err == nil && s.conn == c {
+		s.written = b.seq
+	}
+	more := s.written < s.seq // others came meanwhile: the writer's
+	s.mu.Unlock()
+	if err != nil {
 		c.Close() // the routine reconnects and resends
+	}
+	if more {
+		s.kickWriter()
+	}
+}
+
+func (s *replStream) kickWriter() {
+	select {
+	case s.wkick <- struct{}{}:
+	default:
+	}
+}
+
+// routineReplWriter writes the stream's batches on c, in order, until c
+// is replaced or fails.
+func (s *replStream) routineReplWriter(c net.Conn, done <-chan struct{}) {
+	for {
+		select {
+		case <-s.wkick:
+		case <-done:
+			return
+		}
+		for {
+			s.mu.Lock()
+			if s.writing || s.conn != c || len(s.pend) == 0 {
+				s.mu.Unlock()
+				break
+			}
+			i := int(s.written + 1 - s.pend[0].seq)
+			if s.written+1 < s.pend[0].seq {
+				i = 0
+			}
+			if i >= len(s.pend) {
+				s.mu.Unlock()
+				break
+			}
+			b := s.pend[i]
+			s.writing = true
+			s.mu.Unlock()
+			err := writeBatch(c, b)
+			s.mu.Lock()
+			s.writing = false
+			if err == nil && s.conn == c {
+				s.written = b.seq
+			}
+			s.mu.Unlock()
+			if err != nil {
+				c.Close() // the routine reconnects and resends
+				return
+			}
+		}
 	}
 }
 
@@ -451,18 +523,17 @@ func (s *replStream) dial(ctx context.Context) (net.Conn, *bufio.Reader, error) 
 // serve resends every batch not yet stored, then reads acks until the
 // connection breaks.
 func (s *replStream) serve(c net.Conn, br *bufio.Reader) error {
-	s.wmu.Lock()
 	s.mu.Lock()
-	resend := append([]*replBatch(nil), s.pend...)
 	s.conn = c
-	s.mu.Unlock()
-	for _, b := range resend {
-		if err := writeBatch(c, b); err != nil {
-			s.wmu.Unlock()
-			return err
-		}
+	s.written = s.seq // all of pend goes again
+	if len(s.pend) > 0 {
+		s.written = s.pend[0].seq - 1
 	}
-	s.wmu.Unlock()
+	s.mu.Unlock()
+	done := make(chan struct{})
+	defer close(done)
+	go s.routineReplWriter(c, done)
+	s.kickWriter()
 	var a [replAckLen]byte
 	for {
 		// A protector that holds batches of ours acks within seconds;
