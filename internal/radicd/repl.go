@@ -751,7 +751,11 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 				return err
 			}
 		}
-		lw.q <- &replFrame{seq: seq, recs: recs, encs: encs, c: rc}
+		select {
+		case lw.q <- &replFrame{seq: seq, recs: recs, encs: encs, c: rc}:
+		case <-d.logs.ctx.Done():
+			return errors.New("daemon stopping")
+		}
 	}
 }
 
