@@ -27,10 +27,14 @@ type replPair struct {
 }
 
 func newReplPair(t *testing.T, stable LogStable) *replPair {
+	return newReplPairOpts(t, stable, msglog.Options{Sync: msglog.SyncAlways})
+}
+
+func newReplPairOpts(t *testing.T, stable LogStable, opts msglog.Options) *replPair {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, err := openStores(t.TempDir(), msglog.Options{Sync: msglog.SyncAlways}, log)
+	st, err := openStores(t.TempDir(), opts, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,5 +187,36 @@ func TestReplStreamProtectorGone(t *testing.T) {
 	}
 	if err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("wait = %v, want the protector's departure", err)
+	}
+}
+
+// A protector whose store is full says so in its acks: with --log-stable
+// disk the batch waits (the shipment reports the reason and goes on); with
+// memory it is stable (received) while the protector keeps it and retries.
+func TestReplStreamStoreFull(t *testing.T) {
+	for _, stable := range []LogStable{StableDisk, StableMemory} {
+		t.Run(stable.String(), func(t *testing.T) {
+			p := newReplPairOpts(t, stable, msglog.Options{Sync: msglog.SyncAlways, MaxBytes: 16 << 10})
+			ctx := context.Background()
+			sh := p.rp.submit(ctx, dataBody(9, 0, bytes.Repeat([]byte("z"), 64<<10)), nil)
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			err := sh.wait(wctx)
+			if stable == StableMemory {
+				if err != nil {
+					t.Fatalf("wait = %v, want stable (received) while the store is full", err)
+				}
+				// The reason still reaches the node.
+				deadline := time.Now().Add(5 * time.Second)
+				for p.rp.stream(2).problem() == "" && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				err = &stillTrying{p.rp.stream(2).problem()}
+			}
+			var still *stillTrying
+			if !errors.As(err, &still) || !bytes.Contains([]byte(still.msg), []byte("store full (507)")) {
+				t.Fatalf("wait = %v, want the protector's \"store full (507)\" while it retries", err)
+			}
+		})
 	}
 }
