@@ -37,6 +37,8 @@ type Config struct {
 	Probers     int                                 // --probers
 	Protectors  int                                 // --protectors
 	StoreSync   msglog.SyncPolicy                   // --store-sync
+	LogStable   LogStable                           // --log-stable
+	Pprof       string                              // --pprof
 	StoreMax    int64                               // --store-max-bytes
 	StoreMemory int64                               // --store-memory
 	LogLevel    string                              // --log-level
@@ -129,6 +131,12 @@ var settings = []setting{
 		c.StoreSync = p
 		return err
 	}},
+	{name: "log-stable", usage: "when a process's received bytes count as logged: memory (once its k protectors have them in memory; their stores write and fsync behind, per --store-sync: survives any one node's failure) or disk (once the protectors' stores have written them, fsynced with --store-sync always)", set: func(c *Config, v string) error {
+		p, err := ParseLogStable(v)
+		c.LogStable = p
+		return err
+	}},
+	{name: "pprof", usage: "`ADDR:PORT` serving Go's /debug/pprof/ (profiles and execution traces of radicd); empty: off", set: func(c *Config, v string) error { c.Pprof = v; return nil }},
 	{name: "store-max-bytes", usage: "quota on the store's files in bytes (0: none, the disk is the limit)", set: func(c *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
@@ -289,6 +297,8 @@ func defaultNote(name string) string {
 		return fmt.Sprintf(" (default %d)", d.Protectors)
 	case "store-sync":
 		return " (default always)"
+	case "log-stable":
+		return " (default memory)"
 	case "store-memory":
 		return fmt.Sprintf(" (default %d)", d.StoreMemory)
 	case "log-level":

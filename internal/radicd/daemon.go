@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -43,9 +44,13 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
-	logs        *logRings  // the processes' log rings (logring.go)
-	ranks       *rankTable // the ranks this node launched (ranks.go)
-	hb          *hbudp.Transport
+	logs        *logRings   // the processes' log rings (logring.go)
+	repl        *replicator // this node's log streams to its protectors (repl.go)
+	ranks       *rankTable  // the ranks this node launched (ranks.go)
+	writersMu   sync.Mutex
+	// +checklocks:writersMu
+	writers map[heartbeat.NodeID]*logWriter // protected nodes' log streams (repl.go)
+	hb      *hbudp.Transport
 	// beaconIf is the index of the interface this node's address is on,
 	// when radicd follows it (0: it does not).
 	beaconIf atomic.Int32
@@ -97,6 +102,7 @@ func NewLogger(c Config, w *os.File) *slog.Logger {
 
 // New prepares a daemon: state directory, incarnation, store recovery.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	spareProcs()
 	d := &Daemon{
 		cfg: cfg, self: heartbeat.NodeID(cfg.Node), log: log, started: time.Now(),
 		reg:    prometheus.NewRegistry(),
@@ -109,10 +115,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			Buckets: DetectionBuckets,
 		}),
 	}
-	d.logs = &logRings{log: log, replicate: func(ctx context.Context, body []byte) error {
-		_, err := d.replicate(ctx, body)
-		return err
-	}}
+	d.repl = newReplicator(d)
+	d.logs = &logRings{log: log, submit: d.repl.submit}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {
@@ -230,6 +234,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	defer cancel()
 	d.loc.bgCtx = ctx // announcements of this node's moves end with it
 	d.logs.ctx = ctx
+	d.repl.ctx = ctx
 	ifi, watch := d.initAddress()
 	var wg sync.WaitGroup
 	runErr := make(chan error, 1)
@@ -242,6 +247,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("POST /v1/logring", d.handleLogRing)
 	mux.HandleFunc("POST /v1/suspect", d.handleSuspect)
 	mux.HandleFunc("POST /v1/replica/append", d.handleReplicaAppend)
+	mux.HandleFunc("POST /v1/replica/stream", d.handleReplicaStream)
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
 	d.loc.routes(mux)
@@ -257,6 +263,19 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		msrv := &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, msrv)
 		wg.Go(func() { d.serve(msrv, metricsLn, "metrics") })
+	}
+	if d.cfg.Pprof != "" {
+		if ln, err := net.Listen("tcp", d.cfg.Pprof); err != nil {
+			d.log.Warn("cannot serve pprof", "addr", d.cfg.Pprof, "err", err)
+		} else {
+			pm := http.NewServeMux()
+			pm.HandleFunc("/debug/pprof/", pprof.Index)
+			pm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			pm.HandleFunc("/debug/pprof/trace", pprof.Trace)
+			psrv := &http.Server{Handler: pm, ReadHeaderTimeout: 10 * time.Second}
+			servers = append(servers, psrv)
+			wg.Go(func() { d.serve(psrv, ln, "pprof") })
+		}
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
 	wg.Go(func() { d.loc.routineSources(ctx) })

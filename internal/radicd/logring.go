@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,8 +41,10 @@ type logRings struct {
 	ctx context.Context
 	wg  sync.WaitGroup
 	log *slog.Logger
-	// replicate stores encoded records on every protector (the daemon's
-	// replicate; a fake in tests).
+	// submit ships encoded records to every protector (the daemon's
+	// replication streams, repl.go); when nil, replicate stores them,
+	// blocking (a fake in tests).
+	submit    func(ctx context.Context, body []byte, onStable func()) shipment
 	replicate func(ctx context.Context, body []byte) error
 
 	bytes   atomic.Uint64
@@ -52,13 +55,55 @@ type logRings struct {
 
 // logRing is one process's mapped ring.
 type logRing struct {
-	reg    logRegistration
-	mem    []byte
-	data   []byte
-	size   uint64
-	pidfd  int
-	conv   *logring.Converter
-	stable uint64
+	reg   logRegistration
+	mem   []byte
+	data  []byte
+	size  uint64
+	pidfd int
+	conv  *logring.Converter
+	sent  uint64 // shipped (the drain's)
+
+	pmu sync.Mutex
+	// +checklocks:pmu
+	stable uint64 // published
+	// +checklocks:pmu
+	pend []pendPub // shipped, not yet published, in order
+}
+
+// pendPub is a shipped batch waiting for its turn to be published.
+type pendPub struct {
+	idx  uint64
+	head uint64
+	done bool
+}
+
+// addPending registers batch idx (ending at head) before it is shipped.
+func (r *logRing) addPending(idx, head uint64) {
+	r.pmu.Lock()
+	r.pend = append(r.pend, pendPub{idx: idx, head: head})
+	r.pmu.Unlock()
+}
+
+// markStable notes batch idx stable and publishes every batch stable in
+// order from the oldest: whoever learns it first (the goroutine that read
+// the last protector's ack, or the acks routine) moves the process on.
+func (r *logRing) markStable(idx uint64) {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	if len(r.pend) == 0 || idx < r.pend[0].idx {
+		return // published already
+	}
+	r.pend[idx-r.pend[0].idx].done = true
+	var head uint64
+	n := 0
+	for n < len(r.pend) && r.pend[n].done {
+		head = r.pend[n].head
+		n++
+	}
+	if n > 0 {
+		r.pend = r.pend[n:]
+		r.publishLocked(head)
+	}
 }
 
 // logRegistration is POST /v1/logring's body (shim/logring.go).
@@ -193,15 +238,15 @@ func (r *logRing) sleep() {
 	// before our load of the bell shows here; one after it changes the
 	// bell (the futex returns at once) or sees waiting and wakes us.
 	if atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0 ||
-		atomic.LoadUint64(r.u64(logring.OffHead)) == r.stable {
+		atomic.LoadUint64(r.u64(logring.OffHead)) == r.sent {
 		ts := unix.NsecToTimespec(int64(logIdle))
 		futex(bell, futexWait, seen, &ts)
 	}
 	atomic.StoreUint32(waiting, 0)
 }
 
-// publish stores the stable offset and wakes the process's waiters.
-func (r *logRing) publish(stable uint64) {
+// publishLocked stores the stable offset and wakes the process's waiters.
+func (r *logRing) publishLocked(stable uint64) {
 	r.stable = stable
 	atomic.StoreUint64(r.u64(logring.OffStable), stable)
 	atomic.AddUint32(r.u32(logring.OffStableSeq), 1)
@@ -224,12 +269,12 @@ const logBatch = 1 << 20
 const logBacklog = 256 << 10
 
 // boundary is the end of the last record that starts before
-// r.stable+limit (at least one record), or head.
+// r.sent+limit (at least one record), or head.
 func (r *logRing) boundary(head, limit uint64) uint64 {
-	if head-r.stable <= limit {
+	if head-r.sent <= limit {
 		return head
 	}
-	x := r.stable
+	x := r.sent
 	for x < head {
 		var l [4]byte
 		for i := range l {
@@ -239,7 +284,7 @@ func (r *logRing) boundary(head, limit uint64) uint64 {
 		if n == 0 || n > r.size || x+n > head {
 			return head // let the decoder name what is wrong
 		}
-		if x+n-r.stable > limit && x > r.stable {
+		if x+n-r.sent > limit && x > r.sent {
 			return x
 		}
 		x += n
@@ -247,39 +292,89 @@ func (r *logRing) boundary(head, limit uint64) uint64 {
 	return x
 }
 
-// take copies [r.stable, head) out of the ring, unwrapped.
-func (r *logRing) take(head uint64, buf []byte) []byte {
-	buf = buf[:0]
-	for x := r.stable; x < head; {
+// take returns [r.sent, head) unwrapped: the ring's own memory when it
+// does not wrap (the producer leaves everything past stable alone), else a
+// copy in buf.
+func (r *logRing) take(head uint64, buf *[]byte) []byte {
+	if o := r.sent & (r.size - 1); o+(head-r.sent) <= r.size {
+		return r.data[o : o+(head-r.sent)]
+	}
+	b := (*buf)[:0]
+	for x := r.sent; x < head; {
 		o := x & (r.size - 1)
 		n := min(head-x, r.size-o)
-		buf = append(buf, r.data[o:o+n]...)
+		b = append(b, r.data[o:o+n]...)
 		x += n
 	}
-	return buf
+	*buf = b
+	return b
+}
+
+// spareProcs gives the Go scheduler more Ps than CPUs (unless GOMAXPROCS
+// is set). The log's hold path blocks goroutines in system calls that
+// last: each ring's drain sleeps in FUTEX_WAIT on its doorbell, each
+// protected node's writer in fsync. Such a goroutine keeps its P until
+// sysmon takes it back (20 us to 10 ms later, sysmon sleeping longer the
+// idler the process); with GOMAXPROCS = 2 (this 2-core host) a drain and
+// a writer asleep leave no P to run the netpoller's goroutines (the acks),
+// and a hold waits for sysmon. Measured: 8 B round trip 410-420 us with 2
+// Ps, 275-318 us with 8.
+func spareProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(runtime.NumCPU() + 6)
+	}
+}
+
+// logInflight bounds the batches of one ring shipped and not yet stable:
+// the drain ships the next while earlier ones are on their way.
+const logInflight = 8
+
+// inflight is a batch shipped, waiting to be stable.
+type inflight struct {
+	idx     uint64 // the ring's batch number
+	head    uint64 // the ring's stable offset once it is
+	body    []byte
+	sh      shipment
+	payload uint64
+	recs    int
 }
 
 // routineLogRing drains one process's ring until the process has exited
-// and everything it appended is shipped.
+// and everything it appended is stable. It ships batch after batch
+// without waiting for the protectors (up to logInflight); its acks
+// routine waits for each in order and publishes the stable offset.
 func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 	log := lr.log.With("lpid", r.reg.Lpid, "pid", r.reg.Pid, "job", r.reg.Job)
 	log.Info("RoutineLogRing starting", "ring_bytes", r.size)
-	defer func() {
-		r.close()
-		log.Info("RoutineLogRing stopped", "stable", r.stable)
+	q := make(chan inflight, logInflight)
+	free := make(chan []byte, logInflight+1)
+	acksDone := make(chan struct{})
+	go func() {
+		defer close(acksDone)
+		lr.routineLogAcks(ctx, r, log, q, free)
 	}()
-	var buf, body []byte
+	defer func() {
+		close(q)
+		<-acksDone
+		r.close()
+		r.pmu.Lock()
+		stable := r.stable
+		r.pmu.Unlock()
+		log.Info("RoutineLogRing stopped", "stable", stable)
+	}()
+	var buf []byte
 	var recs []msglog.Record
+	var nextIdx uint64
 	idle := false // woken (by the doorbell or the timeout) since the last drain
 	for ctx.Err() == nil {
 		head := atomic.LoadUint64(r.u64(logring.OffHead))
-		if head == r.stable && r.exited() {
-			if atomic.LoadUint64(r.u64(logring.OffHead)) == r.stable {
+		if head == r.sent && r.exited() {
+			if atomic.LoadUint64(r.u64(logring.OffHead)) == r.sent {
 				return
 			}
 			continue
 		}
-		if head == r.stable || (!idle && head-r.stable < logBacklog && atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0) {
+		if head == r.sent || (!idle && head-r.sent < logBacklog && atomic.LoadUint32(r.u32(logring.OffProducerWaiting)) == 0) {
 			// Nothing to do, or little and nobody waits for it yet:
 			// batch more. A backlog of logBacklog keeps an awake radicd
 			// shipping (the process pays nothing for it), so that a
@@ -290,14 +385,13 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			continue
 		}
 		idle = false
-		if head < r.stable || head-r.stable > r.size {
-			log.Error("the log ring's head is out of range: its process's sends wait for ever", "head", head, "stable", r.stable)
+		if head < r.sent || head-r.sent > r.size {
+			log.Error("the log ring's head is out of range: its process's sends wait for ever", "head", head, "sent", r.sent)
 			r.setError("radicd: the ring's head is out of range")
 			return
 		}
 		head = r.boundary(head, logBatch)
-		buf = r.take(head, buf)
-		rrecs, err := logring.DecodeAll(buf)
+		rrecs, err := logring.DecodeAll(r.take(head, &buf))
 		if err == nil {
 			recs, err = r.conv.Convert(recs[:0], rrecs)
 		}
@@ -306,61 +400,106 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			r.setError("radicd: " + err.Error())
 			return
 		}
+		// The body goes to the protectors' streams, which keep it until
+		// stored: a buffer of its own (recycled by the acks routine).
+		var body []byte
+		select {
+		case body = <-free:
+		default:
+		}
 		body = body[:0]
 		var payload uint64
 		for i := range recs {
 			body = record.AppendRecord(body, &recs[i])
 			payload += uint64(len(recs[i].Payload))
 		}
-		t0 := time.Now()
-		if !lr.ship(ctx, r, log, body) {
+		idx := nextIdx
+		nextIdx++
+		r.addPending(idx, head)
+		it := inflight{idx: idx, head: head, body: body, sh: lr.ship(ctx, r, idx, body), payload: payload, recs: len(rrecs)}
+		select {
+		case q <- it:
+		case <-acksDone:
+			return
+		case <-ctx.Done():
 			return
 		}
-		log.Debug("log shipped", "bytes", len(body), "records", len(rrecs), "took", time.Since(t0))
-		lr.bytes.Add(payload)
-		lr.records.Add(uint64(len(rrecs)))
-		r.publish(head)
+		r.sent = head
 	}
 }
 
-// ship replicates body to every protector, retrying until it is stored
-// (or the daemon stops). While it fails the process's sends wait: the
-// reason is logged (once per reason, and every 10 s) and left in the
-// ring's header for the process's own log.
-func (lr *logRings) ship(ctx context.Context, r *logRing, log *slog.Logger, body []byte) bool {
-	backoff := 20 * time.Millisecond
-	var lastMsg string
-	var lastAt time.Time
-	failed := false
-	for {
-		err := lr.replicate(ctx, body)
-		if err == nil {
-			if failed {
-				lr.stuck.Add(-1)
-				r.setError("")
-				log.Info("received bytes are logged again", "bytes", len(body))
+// ship starts a batch on its way to the protectors.
+func (lr *logRings) ship(ctx context.Context, r *logRing, idx uint64, body []byte) shipment {
+	if lr.submit != nil {
+		return lr.submit(ctx, body, func() { r.markStable(idx) })
+	}
+	return syncShipment{lr.replicate, body}
+}
+
+// syncShipment ships through a blocking replicate (tests).
+type syncShipment struct {
+	replicate func(ctx context.Context, body []byte) error
+	body      []byte
+}
+
+func (s syncShipment) wait(ctx context.Context) error { return s.replicate(ctx, s.body) }
+
+// routineLogAcks waits for the ring's shipments in order, publishes each
+// one's stable offset, and sends again those that fail, until they are
+// stable (or the daemon stops). While one is not, the process's sends
+// wait: the reason is logged (once per reason, and every 10 s) and left in
+// the ring's header for the process's own log.
+func (lr *logRings) routineLogAcks(ctx context.Context, r *logRing, log *slog.Logger, q <-chan inflight, free chan<- []byte) {
+	for it := range q {
+		backoff := 20 * time.Millisecond
+		var lastMsg string
+		var lastAt time.Time
+		failed := false
+		for {
+			err := it.sh.wait(ctx)
+			if err == nil {
+				break
 			}
-			return true
+			if ctx.Err() != nil {
+				return
+			}
+			msg := err.Error()
+			var he *httpError
+			if errors.As(err, &he) && he.code == http.StatusInsufficientStorage {
+				msg = "a protector's store is full (507): " + msg
+			}
+			if !failed {
+				failed = true
+				lr.stuck.Add(1)
+			}
+			if msg != lastMsg || time.Since(lastAt) > 10*time.Second {
+				log.Warn("cannot log received bytes on the protectors: the process's sends wait (nothing unlogged is acknowledged)", "err", msg, "bytes", len(it.body))
+				lastMsg, lastAt = msg, time.Now()
+				r.setError(msg)
+			}
+			var still *stillTrying
+			if errors.As(err, &still) {
+				continue // the shipment goes on
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			it.sh = lr.ship(ctx, r, it.idx, it.body)
 		}
-		msg := err.Error()
-		var he *httpError
-		if errors.As(err, &he) && he.code == http.StatusInsufficientStorage {
-			msg = "a protector's store is full (507): " + msg
+		if failed {
+			lr.stuck.Add(-1)
+			r.setError("")
+			log.Info("received bytes are logged again", "bytes", len(it.body))
 		}
-		if !failed {
-			failed = true
-			lr.stuck.Add(1)
-		}
-		if msg != lastMsg || time.Since(lastAt) > 10*time.Second {
-			log.Warn("cannot log received bytes on the protectors: the process's sends wait (nothing unlogged is acknowledged)", "err", msg, "bytes", len(body))
-			lastMsg, lastAt = msg, time.Now()
-			r.setError(msg)
-		}
+		lr.bytes.Add(it.payload)
+		lr.records.Add(uint64(it.recs))
+		r.markStable(it.idx)
 		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(backoff):
+		case free <- it.body[:0]:
+		default:
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }

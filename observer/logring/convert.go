@@ -73,6 +73,13 @@ func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record
 	fail := func(i int, r Record, why string) ([]msglog.Record, error) {
 		return out[:start], &ConvertError{Index: i, Rec: r, Why: why}
 	}
+	// Each connection's bytes in this batch, so that a data record is
+	// allocated once at the size it will grow to (appending receive
+	// after receive would copy its bytes again at every doubling).
+	left := map[uint64]int{}
+	for _, r := range recs {
+		left[r.Conn] += len(r.Payload)
+	}
 	for i, r := range recs {
 		if r.Conn == observer.DeterminantStream {
 			return fail(i, r, observer.ErrReservedConn.Error())
@@ -89,9 +96,11 @@ func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record
 				out[j].Payload = append(out[j].Payload, r.Payload...)
 			} else {
 				open[r.Conn] = len(out)
+				p := make([]byte, 0, max(len(r.Payload), min(left[r.Conn], maxCoalesce)))
 				out = append(out, msglog.Record{Kind: msglog.KindData, Owner: c.owner, Stream: r.Conn,
-					Offset: r.Offset, Payload: append([]byte(nil), r.Payload...)})
+					Offset: r.Offset, Payload: append(p, r.Payload...)})
 			}
+			left[r.Conn] -= len(r.Payload)
 			cl.next += uint64(len(r.Payload))
 		}
 		var d observer.Determinant

@@ -248,7 +248,7 @@ func TestHelpAndConfigFile(t *testing.T) {
 	out, _ := exec.Command(radicdBin, "--help").CombinedOutput()
 	for _, f := range []string{"node", "listen", "peers", "spare", "state-dir", "metrics-addr", "job-cgroup", "config",
 		"heartbeat-period", "heartbeat-timeout", "probe-timeout", "fence-timeout", "fence-kill", "probers", "protectors",
-		"store-sync", "store-max-bytes", "store-memory", "log-level", "log-format"} {
+		"store-sync", "log-stable", "pprof", "store-max-bytes", "store-memory", "log-level", "log-format"} {
 		if !strings.Contains(string(out), "-"+f+" ") && !strings.Contains(string(out), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}

@@ -1,0 +1,222 @@
+package radicd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/msglog/record"
+)
+
+// replPair is a protected node (a replicator) and its one protector (a
+// daemon serving POST /v1/replica/stream), over real TCP.
+type replPair struct {
+	rp   *replicator
+	prot *Daemon
+	srv  *httptest.Server
+}
+
+func newReplPair(t *testing.T, stable LogStable) *replPair {
+	return newReplPairOpts(t, stable, msglog.Options{Sync: msglog.SyncAlways})
+}
+
+func newReplPairOpts(t *testing.T, stable LogStable, opts msglog.Options) *replPair {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, err := openStores(t.TempDir(), opts, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	prot := &Daemon{cfg: Config{StoreSync: msglog.SyncAlways, LogStable: stable}, log: log, stores: st, logs: &logRings{ctx: ctx}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/replica/stream", prot.handleReplicaStream)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Cleanup(cancel) // first: the streams end, then the server can close
+	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
+
+	node := &Daemon{self: 1, cfg: Config{Protectors: 1, LogStable: stable}, log: log}
+	rp := newReplicator(node)
+	rp.ctx = ctx
+	rp.lookup = func(context.Context) ([]heartbeat.NodeID, error) { return []heartbeat.NodeID{2}, nil }
+	rp.addr = func(heartbeat.NodeID) (netip.AddrPort, bool) { return ap, true }
+	return &replPair{rp: rp, prot: prot, srv: srv}
+}
+
+func dataBody(owner, off uint64, payload []byte) []byte {
+	r := msglog.Record{Kind: record.KindData, Owner: owner, Stream: 5, Offset: off, Payload: payload}
+	return record.AppendRecord(nil, &r)
+}
+
+// stored reads back node 1's stream (owner, 5) from the protector's store.
+func (p *replPair) stored(t *testing.T, owner uint64) []byte {
+	t.Helper()
+	st := p.prot.stores.lookup(1)
+	if st == nil {
+		return nil
+	}
+	var got []byte
+	c := st.Read(owner, 5, 0)
+	for {
+		r, err := c.Next()
+		if errors.Is(err, io.EOF) {
+			return got
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.Payload...)
+	}
+}
+
+func (p *replPair) waitStored(t *testing.T, owner uint64, want []byte) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := p.stored(t, owner)
+		if bytes.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("protector's store holds %d bytes (%q...), want %d", len(got), got[:min(len(got), 16)], len(want))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Batches pipelined on the stream become stable in order, each
+// acknowledged once, and the protector's store ends up with every byte;
+// a broken connection is reopened and what was not yet stored is sent
+// again, which the store takes as duplicates.
+func TestReplStreamPipelinedAndResent(t *testing.T) {
+	for _, stable := range []LogStable{StableMemory, StableDisk} {
+		t.Run(stable.String(), func(t *testing.T) {
+			p := newReplPair(t, stable)
+			ctx := context.Background()
+			var want []byte
+			var ships []shipment
+			stableOrder := make(chan int, 100)
+			for i := range 20 {
+				payload := bytes.Repeat([]byte{byte('a' + i)}, 100+i)
+				ships = append(ships, p.rp.submit(ctx, dataBody(9, uint64(len(want)), payload), func() { stableOrder <- i }))
+				want = append(want, payload...)
+			}
+			for i, sh := range ships {
+				if err := sh.wait(ctx); err != nil {
+					t.Fatalf("batch %d: wait = %v", i, err)
+				}
+			}
+			for i := range 20 {
+				if got := <-stableOrder; got != i {
+					t.Fatalf("batch %d became stable in place %d", got, i)
+				}
+			}
+			p.waitStored(t, 9, want)
+
+			// Break the connection under the stream, with batches
+			// unacknowledged (sent into the dead socket or queued).
+			s := p.rp.stream(2)
+			s.mu.Lock()
+			c := s.conn
+			s.mu.Unlock()
+			if c == nil {
+				t.Fatal("no connection after 20 acknowledged batches")
+			}
+			c.Close()
+			ships = ships[:0]
+			for i := range 10 {
+				payload := bytes.Repeat([]byte{byte('A' + i)}, 1000)
+				ships = append(ships, p.rp.submit(ctx, dataBody(9, uint64(len(want)), payload), nil))
+				want = append(want, payload...)
+			}
+			for i, sh := range ships {
+				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				err := sh.wait(wctx)
+				cancel()
+				var still *stillTrying
+				for errors.As(err, &still) {
+					wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					err = sh.wait(wctx)
+					cancel()
+				}
+				if err != nil {
+					t.Fatalf("batch %d after the break: wait = %v", i, err)
+				}
+			}
+			p.waitStored(t, 9, want)
+			if d := p.prot.stores.lookup(1).Stats().Conflicts.Load(); d != 0 {
+				t.Errorf("store conflicts = %d, want 0", d)
+			}
+		})
+	}
+}
+
+// A protector that leaves the set fails the shipments still waiting on
+// it, so that they are sent again to the new set.
+func TestReplStreamProtectorGone(t *testing.T) {
+	p := newReplPair(t, StableMemory)
+	ctx := context.Background()
+	// Nobody listens at this address: the batch waits.
+	p.rp.addr = func(heartbeat.NodeID) (netip.AddrPort, bool) { return netip.MustParseAddrPort("127.0.0.1:1"), true }
+	sh := p.rp.submit(ctx, dataBody(9, 0, []byte("x")), nil)
+	p.rp.mu.Lock()
+	p.rp.protsAt = time.Time{}
+	p.rp.mu.Unlock()
+	p.rp.lookup = func(context.Context) ([]heartbeat.NodeID, error) { return []heartbeat.NodeID{3}, nil }
+	if _, err := p.rp.protectors(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := sh.wait(wctx)
+	var still *stillTrying
+	for errors.As(err, &still) {
+		err = sh.wait(wctx)
+	}
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait = %v, want the protector's departure", err)
+	}
+}
+
+// A protector whose store is full says so in its acks: with --log-stable
+// disk the batch waits (the shipment reports the reason and goes on); with
+// memory it is stable (received) while the protector keeps it and retries.
+func TestReplStreamStoreFull(t *testing.T) {
+	for _, stable := range []LogStable{StableDisk, StableMemory} {
+		t.Run(stable.String(), func(t *testing.T) {
+			p := newReplPairOpts(t, stable, msglog.Options{Sync: msglog.SyncAlways, MaxBytes: 16 << 10})
+			ctx := context.Background()
+			sh := p.rp.submit(ctx, dataBody(9, 0, bytes.Repeat([]byte("z"), 64<<10)), nil)
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			err := sh.wait(wctx)
+			if stable == StableMemory {
+				if err != nil {
+					t.Fatalf("wait = %v, want stable (received) while the store is full", err)
+				}
+				// The reason still reaches the node.
+				deadline := time.Now().Add(5 * time.Second)
+				for p.rp.stream(2).problem() == "" && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				err = &stillTrying{p.rp.stream(2).problem()}
+			}
+			var still *stillTrying
+			if !errors.As(err, &still) || !bytes.Contains([]byte(still.msg), []byte("store full (507)")) {
+				t.Fatalf("wait = %v, want the protector's \"store full (507)\" while it retries", err)
+			}
+		})
+	}
+}
