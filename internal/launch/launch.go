@@ -186,6 +186,10 @@ const (
 	StateHeld    = "held"    // created, waiting at its gate for Start
 	StateRunning = "running" // the program runs
 	StateExited  = "exited"  // Exit says how it ended
+	// StateRestarting: it died of a fault (a signal it was not sent by
+	// its launcher) and its group is being restarted (radic run --recovery);
+	// ask where it runs now (GET /v1/recovery/jobs/J on any radicd).
+	StateRestarting = "restarting"
 )
 
 // RankStatus is radicd's view of one rank (GET /v1/jobs/J/ranks/R).
@@ -196,6 +200,9 @@ type RankStatus struct {
 	Start uint64 `json:"start"`
 	State string `json:"state"`
 	Exit  *Exit  `json:"exit,omitempty"`
+	// Epoch is 0 for the instance as launched and grows with each
+	// restart of its group: output offsets are per instance.
+	Epoch uint64 `json:"epoch,omitempty"`
 	// Stdout and Stderr are the byte counts the rank has written so far.
 	Stdout uint64 `json:"stdout"`
 	Stderr uint64 `json:"stderr"`
@@ -214,6 +221,10 @@ const (
 	// HeaderEOF is "1" when the body ends where the stream ends: the rank
 	// closed it (exited) and nothing follows.
 	HeaderEOF = "X-Radic-Eof"
+	// HeaderEpoch is the epoch of the instance that wrote the body
+	// (RankStatus.Epoch); a request with epoch=E is refused (409) by any
+	// other instance.
+	HeaderEpoch = "X-Radic-Epoch"
 )
 
 // Signals a launcher may send (POST .../signal?sig=).
