@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/radic-project/radic/msglog/record"
 )
@@ -241,4 +242,33 @@ func SignalName(sig syscall.Signal) string {
 		}
 	}
 	return ""
+}
+
+// RankLoc is where a rank of a recovery job runs now.
+type RankLoc struct {
+	Job   string `json:"job"`
+	Rank  int    `json:"rank"`
+	Group int    `json:"group"` // the node that launched it
+	Node  int    `json:"node"`  // the node it runs on now
+	Epoch uint64 `json:"epoch"` // 0 as launched, the group's epoch after a restart
+}
+
+// RecoveryEvent is one recovery, as `radic run` prints it.
+type RecoveryEvent struct {
+	Group   int       `json:"group"`
+	Cause   string    `json:"cause"` // node, process
+	From    int       `json:"from"`
+	To      int       `json:"to"`
+	Epoch   uint64    `json:"epoch"`
+	Start   time.Time `json:"start"` // first suspicion, or the process exit
+	Seconds float64   `json:"seconds"`
+	Error   string    `json:"error,omitempty"`
+}
+
+// JobRecovery is radicd's GET /v1/recovery/jobs/{job}: where each rank of a
+// job launched with recovery runs now, and the recoveries of its groups.
+type JobRecovery struct {
+	Job    string          `json:"job"`
+	Ranks  []RankLoc       `json:"ranks"`
+	Events []RecoveryEvent `json:"events"`
 }

@@ -45,33 +45,12 @@ import (
 //	GET    /v1/recovery/jobs/{job}       JobRecovery: where each rank runs now, and the recovery events
 //	POST   /v1/recovery/events           a RecoveryEvent, pushed to every daemon
 
-// RankLoc is where a rank of a recovery job runs now.
-type RankLoc struct {
-	Job   string `json:"job"`
-	Rank  int    `json:"rank"`
-	Group int    `json:"group"` // the node that launched it
-	Node  int    `json:"node"`  // the node it runs on now
-	Epoch uint64 `json:"epoch"` // 0 as launched, the group's epoch after a restart
-}
-
-// RecoveryEvent is one recovery, as `radic run` prints it.
-type RecoveryEvent struct {
-	Group   int       `json:"group"`
-	Cause   string    `json:"cause"` // node, process
-	From    int       `json:"from"`
-	To      int       `json:"to"`
-	Epoch   uint64    `json:"epoch"`
-	Start   time.Time `json:"start"` // first suspicion, or the process exit
-	Seconds float64   `json:"seconds"`
-	Error   string    `json:"error,omitempty"`
-}
-
-// JobRecovery is GET /v1/recovery/jobs/{job}.
-type JobRecovery struct {
-	Job    string          `json:"job"`
-	Ranks  []RankLoc       `json:"ranks"`
-	Events []RecoveryEvent `json:"events"`
-}
+// The wire types of the rank directory are package launch's.
+type (
+	RankLoc       = launch.RankLoc
+	RecoveryEvent = launch.RecoveryEvent
+	JobRecovery   = launch.JobRecovery
+)
 
 type restartReq struct {
 	Group int    `json:"group"`
@@ -698,4 +677,3 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 func recoveryOf(rec *launch.Record) bool {
 	return slices.Contains(rec.Env, "RADIC_RECOVERY=1")
 }
-
