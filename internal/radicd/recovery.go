@@ -204,7 +204,12 @@ func (e *recoveryEdge) input(fn func(m *protector.Machine, now time.Time)) {
 func (e *recoveryEdge) machineConfig(ctx context.Context) (protector.Config, bool) {
 	for {
 		st, ok := e.d.runner.Status(ctx)
-		if ok && len(st.Members) == len(e.d.cfg.Peers) {
+		joined := ok && len(st.Members) == len(e.d.cfg.Peers)
+		for _, m := range st.Members {
+			// A member's role is known once it was heard from.
+			joined = joined && (m.ID == e.d.self || m.State == "alive")
+		}
+		if joined {
 			c := protector.Config{Self: e.d.self, Protectors: max(e.d.cfg.Protectors, 1)}
 			for _, m := range st.Members {
 				if m.Role == "spare" {
@@ -334,6 +339,10 @@ func (e *recoveryEdge) execute(ctx context.Context, a protector.Action) {
 	case protector.ActRepairRing:
 		d.log.Info("ring repaired", "ring", a.Ring, "pred", a.Pred, "succ", a.Succ)
 	case protector.ActFailed:
+		if errors.Is(a.Err, protector.ErrUnprotected) || errors.Is(a.Err, protector.ErrNoProtector) {
+			d.log.Warn("group runs on unprotected: a further failure of its node is fatal", "group", a.Group, "phase", a.Phase, "err", a.Err)
+			return
+		}
 		d.log.Error("recovery failed", "group", a.Group, "phase", a.Phase, "err", a.Err)
 		e.publishEvent(RecoveryEvent{Group: int(a.Group), Error: a.Err.Error(), Start: time.Now()})
 	case protector.ActStop:
@@ -373,11 +382,16 @@ func (e *recoveryEdge) execute(ctx context.Context, a protector.Action) {
 	case protector.ActReprotect:
 		go func() {
 			var errs []error
-			if a.Checkpoint {
-				errs = append(errs, errors.New("the exec backend cannot checkpoint a running group"))
-			}
 			for _, q := range a.To {
-				if _, err := d.catchUp(ctx, heartbeat.NodeID(a.Group), q); err != nil {
+				var err error
+				if a.Checkpoint {
+					// The exec backend's checkpoint of a group is its
+					// launch records, which its host keeps.
+					err = e.storeLaunchRecords(ctx, int(a.Group), q)
+				} else {
+					_, err = d.catchUp(ctx, heartbeat.NodeID(a.Group), q)
+				}
+				if err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -415,6 +429,29 @@ func (e *recoveryEdge) stopGroup(g int) {
 			d.log.Error("rank did not die for a group stop", "job", p.rec.Job, "rank", p.rec.Rank, "pid", p.id.Pid)
 		}
 	}
+}
+
+// storeLaunchRecords stores the launch records of the group's recovery
+// ranks running here on node q (as the group's data: node group's store).
+func (e *recoveryEdge) storeLaunchRecords(ctx context.Context, group int, q heartbeat.NodeID) error {
+	d := e.d
+	var body []byte
+	d.ranks.mu.Lock()
+	for _, p := range d.ranks.ranks {
+		if p.rec.Node == group && p.recovery {
+			mr, err := launch.Encode(&p.rec)
+			if err != nil {
+				d.ranks.mu.Unlock()
+				return err
+			}
+			body = record.AppendRecord(body, &mr)
+		}
+	}
+	d.ranks.mu.Unlock()
+	if len(body) == 0 {
+		return nil
+	}
+	return d.pushTo(ctx, q, heartbeat.NodeID(group), body)
 }
 
 // restartHere starts group req.Group at req.Epoch on this node from the
