@@ -197,7 +197,8 @@ type follower struct {
 	wh     []*where
 	logf   func(string, ...any)
 	failed chan error // a recovery failed: the job must stop
-	events int        // printed so far
+	events int        // looked at so far
+	since  time.Time  // the job's start: older events are a previous job's
 }
 
 // failedCh is nil for a job without recovery (a nil channel never fires).
@@ -252,6 +253,9 @@ func (f *follower) learn(jr launch.JobRecovery) {
 	}
 	for ; f.events < len(jr.Events); f.events++ {
 		ev := jr.Events[f.events]
+		if ev.Start.Before(f.since) {
+			continue
+		}
 		f.logf("radic run: %s", describe(ev, ranksOf(jr, ev.Group)))
 		if ev.Error != "" {
 			select {

@@ -203,7 +203,7 @@ func Run(o Options) (int, error) {
 	diverged := make(chan error, 2*np)
 	var fol *follower
 	if recovery {
-		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1)}
+		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1), since: time.Now()}
 		go fol.run(ctx)
 	}
 	for r, ok := range running {

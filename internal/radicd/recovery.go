@@ -418,7 +418,7 @@ func (e *recoveryEdge) stopGroup(g int) {
 	d.ranks.mu.Unlock()
 	for _, p := range ps {
 		p.mu.Lock()
-		p.restarting = p.state != launch.StateExited
+		p.restarting = p.restarting || p.state != launch.StateExited
 		p.mu.Unlock()
 		_ = p.id.Signal(syscall.SIGKILL, true)
 	}

@@ -99,6 +99,36 @@ func TestRestartLostRank(t *testing.T) {
 			t.Fatalf("status %d, output:\n%s", code, out)
 		}
 	})
+	t.Run("kill-rank", func(t *testing.T) {
+		out, wait := c.startJob(run...)
+		clustertest.WaitRanks(t, c.dir, 2)
+		waitOutput(t, out, "r1 8\n")
+		if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
+			t.Fatalf("kill-rank 1: %v\n%s", err, o)
+		}
+		code := wait()
+		got, _ := counterLines(out.String())
+		if code != 0 || got != want {
+			t.Fatalf("status %d, numbered lines:\n%s\nwhole output:\n%s", code, got, out.String())
+		}
+		if a := c.state().Nodes[1].Addr; !strings.Contains(out.String(), "[rank 1] r1 on "+a+"/16 done") {
+			t.Errorf("rank 1 did not end on its node (%s):\n%s", a, out.String())
+		}
+		if !regexp.MustCompile(`radic run: a rank of node 1 died at [0-9:.]+; rank 1 restarted on node 1 in [0-9.]+ s`).MatchString(out.String()) {
+			t.Errorf("no recovery event in the output:\n%s", out.String())
+		}
+	})
+	t.Run("kill-rank-without-recovery", func(t *testing.T) {
+		out, wait := c.startJob("--np", "2", "--tag-output", "--no-radic", "--", "/bin/sh", "-c", counter)
+		clustertest.WaitRanks(t, c.dir, 2)
+		waitOutput(t, out, "r1 8\n")
+		if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
+			t.Fatalf("kill-rank 1: %v\n%s", err, o)
+		}
+		if code := wait(); code != 137 || !strings.Contains(out.String(), "was killed by signal 9") {
+			t.Fatalf("status %d, want 137 and the rank's death; output:\n%s", code, out.String())
+		}
+	})
 	t.Run("kill-node", func(t *testing.T) {
 		out, wait := c.startJob(run...)
 		clustertest.WaitRanks(t, c.dir, 2)
