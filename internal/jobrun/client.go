@@ -225,3 +225,32 @@ func (c *Client) Forget(ctx context.Context, job string) error {
 	resp.Body.Close()
 	return nil
 }
+
+// OutputEpoch is Output from the instance at epoch only: any other
+// instance of the rank answers 409 (a restarted rank's offsets start
+// again at 0).
+func (c *Client) OutputEpoch(ctx context.Context, job string, rank int, stream string, from uint64, wait time.Duration, epoch uint64) (body io.ReadCloser, eof bool, err error) {
+	p := fmt.Sprintf("%s/output?stream=%s&from=%d&wait=%s&epoch=%d", rankPath(job, rank), stream, from, wait, epoch)
+	resp, err := c.do(ctx, fmt.Sprintf("%s of rank %d", stream, rank), http.MethodGet, p, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	if got := resp.Header.Get(launch.HeaderOffset); got != strconv.FormatUint(from, 10) {
+		resp.Body.Close()
+		return nil, false, fmt.Errorf("%s of rank %d: asked from %d, got offset %q", stream, rank, from, got)
+	}
+	return resp.Body, resp.Header.Get(launch.HeaderEOF) == "1", nil
+}
+
+// Recovery is where the ranks of a job launched with recovery run now,
+// and the recoveries so far, as node's radicd knows them.
+func (c *Client) Recovery(ctx context.Context, job string) (launch.JobRecovery, error) {
+	var jr launch.JobRecovery
+	resp, err := c.do(ctx, "recovery of job "+job, http.MethodGet, "/v1/recovery/jobs/"+url.PathEscape(job), nil)
+	if err != nil {
+		return jr, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&jr)
+	return jr, err
+}

@@ -103,19 +103,38 @@ func Run(o Options) (int, error) {
 	daemons := newBook(o.Daemons)
 	var nodes []int
 	clients := make([]*Client, np)
+	wh := make([]*where, np)
+	recovery := slices.Contains(o.Ranks[0].Env, "RADIC_RECOVERY=1")
 	for r := range o.Ranks {
 		clients[r] = &Client{Node: o.Ranks[r].Node, Daemons: daemons.daemon, Moved: daemons.movedFrom, HTTP: o.HTTP}
+		wh[r] = newWhere(o.Ranks[r].Node)
 		if !slices.Contains(nodes, o.Ranks[r].Node) {
 			nodes = append(nodes, o.Ranks[r].Node)
 		}
 	}
 	go daemons.run(ctx, nodes)
+	// at is a client for node's daemon.
+	at := func(node int) *Client {
+		return &Client{Node: node, Daemons: daemons.daemon, Moved: daemons.movedFrom, HTTP: o.HTTP}
+	}
+	// cl is a client for where rank r runs now.
+	cl := func(r int) *Client {
+		n, _, _ := wh[r].get()
+		if n == clients[r].Node {
+			return clients[r]
+		}
+		return at(n)
+	}
 	// forget tells every daemon of the job that radic run is done with
 	// it (ranks still there, such as held ones, are ended).
 	forget := func() {
 		seen := map[int]bool{}
 		var wg sync.WaitGroup
-		for _, c := range clients {
+		var all []*Client
+		for r, c := range clients {
+			all = append(all, c, cl(r))
+		}
+		for _, c := range all {
 			if seen[c.Node] {
 				continue
 			}
@@ -181,16 +200,32 @@ func Run(o Options) (int, error) {
 	for r := range contact {
 		contact[r].Store(time.Now().UnixNano())
 	}
+	diverged := make(chan error, 2*np)
+	var fol *follower
+	if recovery {
+		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1), since: time.Now()}
+		go fol.run(ctx)
+	}
 	for r, ok := range running {
 		if !ok {
 			continue
 		}
 		nrun++
-		go watchExit(ctx, clients[r], job, r, exits, &contact[r])
+		if recovery {
+			go fol.watchExit(ctx, cl, r, exits, &contact[r])
+		} else {
+			go watchExit(ctx, clients[r], job, r, exits, &contact[r])
+		}
 		for _, s := range []string{launch.Stdout, launch.Stderr} {
 			w := out.sink(r, s)
 			outWG.Go(func() {
 				defer w.Close()
+				if recovery {
+					if err := fol.forward(ctx, cl, r, s, w, exited[r], abandoned[r]); err != nil {
+						diverged <- err
+					}
+					return
+				}
 				forward(ctx, clients[r], job, r, s, w, exited[r], abandoned[r], logf)
 			})
 		}
@@ -217,7 +252,7 @@ func Run(o Options) (int, error) {
 			go func() {
 				sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
 				defer scancel()
-				_ = clients[r].Signal(sctx, job, r, sig)
+				_ = cl(r).Signal(sctx, job, r, sig)
 			}()
 		}
 	}
@@ -248,6 +283,18 @@ func Run(o Options) (int, error) {
 			if c != 0 && !failed && !interrupted {
 				failed, code = true, c
 				logf("radic run: rank %d (node %d, pid %d) %s; stopping the job", e.rank, o.Ranks[e.rank].Node, started[e.rank].Pid, e.exit)
+				stopping(syscall.SIGTERM)
+			}
+		case err := <-diverged:
+			if !failed {
+				failed, code = true, 1
+				logf("radic run: %v; stopping the job", err)
+				stopping(syscall.SIGTERM)
+			}
+		case err := <-fol.failedCh():
+			if !failed {
+				failed, code = true, 1
+				logf("radic run: %v; stopping the job", err)
 				stopping(syscall.SIGTERM)
 			}
 		case sig := <-o.Signals:

@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/radic-project/radic/msglog/record"
 )
@@ -186,6 +187,10 @@ const (
 	StateHeld    = "held"    // created, waiting at its gate for Start
 	StateRunning = "running" // the program runs
 	StateExited  = "exited"  // Exit says how it ended
+	// StateRestarting: it died of a fault (a signal it was not sent by
+	// its launcher) and its group is being restarted (radic run --recovery);
+	// ask where it runs now (GET /v1/recovery/jobs/J on any radicd).
+	StateRestarting = "restarting"
 )
 
 // RankStatus is radicd's view of one rank (GET /v1/jobs/J/ranks/R).
@@ -196,6 +201,9 @@ type RankStatus struct {
 	Start uint64 `json:"start"`
 	State string `json:"state"`
 	Exit  *Exit  `json:"exit,omitempty"`
+	// Epoch is 0 for the instance as launched and grows with each
+	// restart of its group: output offsets are per instance.
+	Epoch uint64 `json:"epoch,omitempty"`
 	// Stdout and Stderr are the byte counts the rank has written so far.
 	Stdout uint64 `json:"stdout"`
 	Stderr uint64 `json:"stderr"`
@@ -214,6 +222,10 @@ const (
 	// HeaderEOF is "1" when the body ends where the stream ends: the rank
 	// closed it (exited) and nothing follows.
 	HeaderEOF = "X-Radic-Eof"
+	// HeaderEpoch is the epoch of the instance that wrote the body
+	// (RankStatus.Epoch); a request with epoch=E is refused (409) by any
+	// other instance.
+	HeaderEpoch = "X-Radic-Epoch"
 )
 
 // Signals a launcher may send (POST .../signal?sig=).
@@ -230,4 +242,33 @@ func SignalName(sig syscall.Signal) string {
 		}
 	}
 	return ""
+}
+
+// RankLoc is where a rank of a recovery job runs now.
+type RankLoc struct {
+	Job   string `json:"job"`
+	Rank  int    `json:"rank"`
+	Group int    `json:"group"` // the node that launched it
+	Node  int    `json:"node"`  // the node it runs on now
+	Epoch uint64 `json:"epoch"` // 0 as launched, the group's epoch after a restart
+}
+
+// RecoveryEvent is one recovery, as `radic run` prints it.
+type RecoveryEvent struct {
+	Group   int       `json:"group"`
+	Cause   string    `json:"cause"` // node, process
+	From    int       `json:"from"`
+	To      int       `json:"to"`
+	Epoch   uint64    `json:"epoch"`
+	Start   time.Time `json:"start"` // first suspicion, or the process exit
+	Seconds float64   `json:"seconds"`
+	Error   string    `json:"error,omitempty"`
+}
+
+// JobRecovery is radicd's GET /v1/recovery/jobs/{job}: where each rank of a
+// job launched with recovery runs now, and the recoveries of its groups.
+type JobRecovery struct {
+	Job    string          `json:"job"`
+	Ranks  []RankLoc       `json:"ranks"`
+	Events []RecoveryEvent `json:"events"`
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/heartbeat/hbudp"
 	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/protector"
 )
 
 // Daemon is one radicd.
@@ -44,9 +45,12 @@ type Daemon struct {
 	client      *http.Client
 	notify      *notifier
 	loc         *locator
-	logs        *logRings   // the processes' log rings (logring.go)
-	repl        *replicator // this node's log streams to its protectors (repl.go)
-	ranks       *rankTable  // the ranks this node launched (ranks.go)
+	logs        *logRings     // the processes' log rings (logring.go)
+	repl        *replicator   // this node's log streams to its protectors (repl.go)
+	ranks       *rankTable    // the ranks this node launched (ranks.go)
+	dir         *directory    // where the recovery ranks run (recovery.go)
+	rec         *recoveryEdge // nil: this node restarts nothing (recovery.go)
+	recMetrics  *recoveryMetrics
 	writersMu   sync.Mutex
 	// +checklocks:writersMu
 	writers map[heartbeat.NodeID]*logWriter // protected nodes' log streams (repl.go)
@@ -109,6 +113,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
 		notify: newNotifier(),
 		ranks:  newRankTable(),
+		dir:    newDirectory(),
 		detection: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "radic_detection_seconds",
 			Help:    "Silence of a node before this node (its watchdog) declared it unreachable: heartbeat timeout plus probe time.",
@@ -206,6 +211,12 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return err
 	}
 	d.registerMetrics(d.reg)
+	d.recMetrics = newRecoveryMetrics(d.reg)
+	if ok, why := d.recoveryEnabled(); ok {
+		d.rec = &recoveryEdge{d: d, in: make(chan func(*protector.Machine, time.Time), 1024), met: d.recMetrics}
+	} else {
+		d.log.Warn("recovery off: lost ranks are not restarted", "why", why)
+	}
 
 	tcpNet := "tcp"
 	if bind.Addr().Is4() {
@@ -252,6 +263,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
 	d.loc.routes(mux)
 	d.rankRoutes(mux)
+	d.recoveryRoutes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })
@@ -278,6 +290,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
+	if d.rec != nil {
+		wg.Go(func() { d.rec.routineRecovery(ctx) })
+	}
 	wg.Go(func() { d.loc.routineSources(ctx) })
 	wg.Go(func() { d.loc.routineSync(ctx) })
 	if watch {
@@ -373,6 +388,9 @@ func (d *Daemon) onEvent(e heartbeat.Event) {
 		_ = d.notify.Notify("STATUS=fenced: cut off from the ring")
 	case heartbeat.EventRejoin:
 		_ = d.notify.Notify(fmt.Sprintf("STATUS=serving node %d incarnation %d (rejoined)", d.cfg.Node, e.Inc))
+	}
+	if d.rec != nil {
+		d.rec.onRingEvent(e)
 	}
 	if d.OnEvent != nil {
 		d.OnEvent(e)

@@ -32,6 +32,13 @@
 //	POST /v1/jobs/J/ranks/R/stdin   the body becomes its stdin (launched with "stdin": true), closed at the body's end
 //	DELETE /v1/jobs/J               the launcher is done: ranks still there are killed, all are forgotten
 //	GET  /v1/jobs                   every rank of this node (JSON)
+//	POST /v1/recovery/learn         a protector.Placement announced by another daemon's machine
+//	POST /v1/recovery/restart       {"group","epoch","from"}: relaunch the group's recovery ranks here; 204 once running
+//	POST /v1/recovery/abort         {"group","epoch"}: never start that attempt (kill it if it started)
+//	POST /v1/recovery/ranks         [launch.RankLoc]: where recovery ranks run now (pushed to every daemon)
+//	GET  /v1/recovery/jobs/J        launch.JobRecovery: where each rank of J runs now (node, epoch) and the recoveries
+//	DELETE /v1/recovery/jobs/J      J ended: never restart its ranks
+//	POST /v1/recovery/events        a launch.RecoveryEvent (pushed to every daemon)
 //	GET  /status, /healthz
 //
 // Store bodies are msglog record encodings (each with its CRC32C),
@@ -57,6 +64,21 @@
 // connection asks again from its last offset and nothing is lost. A rank
 // never started is ended after 30 s; an exited rank's status and output
 // are kept 10 min for a launcher that does not come back.
+//
+// # Recovery
+//
+// With --fence-kill, radicd runs its node's protector.Machine (recovery.go;
+// the state machine is package protector): the ring's View, suspicions and
+// declarations go in, placements go to every daemon, and its actions are
+// executed. A group is the ranks one node launched (GroupID = that node);
+// the ranks of jobs launched with RADIC_RECOVERY=1 are relaunched from
+// their launch records, read from the group's protectors, on the spare
+// the machine picks (a node's death) or in place (a rank killed by a
+// signal its launcher did not send). An ActRestart's target reports the
+// group Started, Reconnected and Live at once: replay is not built yet. A
+// rank's output is per instance (RankStatus.Epoch, X-Radic-Epoch, ?epoch=).
+// Without --fence-kill nothing is restarted, as a frozen node's ranks could
+// still run.
 //
 // # The location table
 //

@@ -21,6 +21,7 @@ import (
 	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/internal/launch/outbuf"
 	"github.com/radic-project/radic/msglog/record"
+	"github.com/radic-project/radic/protector"
 )
 
 // Limits of the launch API.
@@ -64,6 +65,11 @@ type rankProc struct {
 	done    chan struct{} // closed when exit is set
 	ctx     context.Context
 	cancel  context.CancelFunc // ends the output copiers' waits
+	// recovery: launched with RADIC_RECOVERY=1; epoch: 0 as launched,
+	// the group's epoch once restarted (recovery.go). Set before the
+	// rank is in the table.
+	recovery bool
+	epoch    uint64
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -72,6 +78,14 @@ type rankProc struct {
 	exit launch.Exit
 	// +checklocks:mu
 	stdinBusy bool
+	// stopAsked: the launcher signalled it; its death is the job's, not
+	// a fault to recover from.
+	// +checklocks:mu
+	stopAsked bool
+	// restarting: it died of a fault and its group is being restarted;
+	// its status says so instead of its exit.
+	// +checklocks:mu
+	restarting bool
 }
 
 // rankTable is the ranks of this node. Lock order: rankTable.mu, then
@@ -179,8 +193,19 @@ func (d *Daemon) handleLaunch(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("rank %d of job %s is already launched on node %d", rec.Rank, rec.Job, d.cfg.Node), http.StatusConflict)
 		return
 	}
+	p.recovery = recoveryOf(&rec)
 	d.ranks.ranks[k] = p
 	d.ranks.mu.Unlock()
+	if p.recovery {
+		if d.rec == nil {
+			_, why := d.recoveryEnabled()
+			d.log.Warn("rank launched with recovery, but this node will not restart it", "job", rec.Job, "rank", rec.Rank, "why", why)
+		} else {
+			l := RankLoc{Job: rec.Job, Rank: rec.Rank, Group: rec.Node, Node: d.cfg.Node}
+			d.dir.put(l)
+			d.pushAll("/v1/recovery/ranks", []RankLoc{l})
+		}
+	}
 	time.AfterFunc(gateTimeout, func() {
 		p.mu.Lock()
 		held := p.state == launch.StateHeld
@@ -396,9 +421,24 @@ func (d *Daemon) waitRank(k rankKey, p *rankProc, cmd *exec.Cmd) {
 	p.mu.Lock()
 	p.state = launch.StateExited
 	p.exit = e
+	fault := p.recovery && d.rec != nil && e.Signal != 0 && !p.stopAsked
+	if fault {
+		p.restarting = true
+	}
 	p.mu.Unlock()
 	close(p.done)
-	d.log.Info("rank exited", "job", k.job, "rank", k.rank, "pid", p.id.Pid, "how", e.String())
+	d.log.Info("rank exited", "job", k.job, "rank", k.rank, "pid", p.id.Pid, "how", e.String(), "restart", fault)
+	if fault {
+		g, proc := protector.GroupID(p.rec.Node), protector.ProcID(p.rec.Rank)
+		d.rec.input(func(m *protector.Machine, now time.Time) {
+			if err := m.Exited(now, g, proc); err != nil {
+				d.log.Warn("rank died but its group is not restarted here", "job", k.job, "rank", k.rank, "err", err)
+				p.mu.Lock()
+				p.restarting = false
+				p.mu.Unlock()
+			}
+		})
+	}
 	time.AfterFunc(keepExited, func() {
 		d.ranks.remove(k, p)
 		p.discard()
@@ -421,8 +461,10 @@ func waitParam(r *http.Request) (time.Duration, error) {
 func (p *rankProc) status() launch.RankStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := launch.RankStatus{Job: p.rec.Job, Rank: p.rec.Rank, Pid: p.id.Pid, Start: p.id.Start, State: p.state}
-	if p.state == launch.StateExited {
+	st := launch.RankStatus{Job: p.rec.Job, Rank: p.rec.Rank, Pid: p.id.Pid, Start: p.id.Start, State: p.state, Epoch: p.epoch}
+	if p.restarting {
+		st.State = launch.StateRestarting
+	} else if p.state == launch.StateExited {
 		e := p.exit
 		st.Exit = &e
 	}
@@ -486,6 +528,10 @@ func (d *Daemon) handleOutput(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if e := q.Get("epoch"); e != "" && e != strconv.FormatUint(p.epoch, 10) {
+		http.Error(w, fmt.Sprintf("rank %d of job %s on node %d is at epoch %d, not %s", p.rec.Rank, p.rec.Job, d.cfg.Node, p.epoch, e), http.StatusConflict)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	data, eof, err := b.Read(ctx, from, outputChunk)
@@ -495,6 +541,7 @@ func (d *Daemon) handleOutput(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set(launch.HeaderOffset, strconv.FormatUint(from, 10))
+	w.Header().Set(launch.HeaderEpoch, strconv.FormatUint(p.epoch, 10))
 	if eof {
 		w.Header().Set(launch.HeaderEOF, "1")
 	}
@@ -515,6 +562,9 @@ func (d *Daemon) handleSignal(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("sig=%q: want one of TERM, KILL, INT, HUP, CONT, STOP", r.URL.Query().Get("sig")), http.StatusBadRequest)
 		return
 	}
+	p.mu.Lock()
+	p.stopAsked = true
+	p.mu.Unlock()
 	if err := p.id.Signal(sig, true); err != nil {
 		http.Error(w, fmt.Sprintf("signal rank %d of job %s (pid %d): %v", k.rank, k.job, p.id.Pid, err), http.StatusInternalServerError)
 		return
@@ -554,6 +604,10 @@ func (d *Daemon) handleStdin(w http.ResponseWriter, r *http.Request) {
 // killed, and every rank of the job is forgotten.
 func (d *Daemon) handleForgetJob(w http.ResponseWriter, r *http.Request) {
 	job := r.PathValue("job")
+	if d.dir.job(job).Ranks != nil {
+		d.dir.forget(job)
+		go d.sendAll(http.MethodDelete, "/v1/recovery/jobs/"+job, nil)
+	}
 	d.ranks.mu.Lock()
 	var mine []*rankProc
 	for k, p := range d.ranks.ranks {

@@ -225,7 +225,7 @@ type netnsCluster struct {
 	env []string
 }
 
-func newNetnsCluster(t *testing.T, nodes int) *netnsCluster {
+func newNetnsCluster(t *testing.T, nodes int, upArgs ...string) *netnsCluster {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireCommand(t, "ip")
@@ -247,7 +247,7 @@ func newNetnsCluster(t *testing.T, nodes int) *netnsCluster {
 	})
 	for try := 0; ; try++ {
 		sub := fmt.Sprintf("10.%d.0.0/16", 100+rand.IntN(150))
-		out, err := c.radic("cluster", "up", "--mode", "netns", "--name", name, "--nodes", strconv.Itoa(nodes), "--subnet", sub)
+		out, err := c.radic(append([]string{"cluster", "up", "--mode", "netns", "--name", name, "--nodes", strconv.Itoa(nodes), "--subnet", sub}, upArgs...)...)
 		if err == nil {
 			break
 		}

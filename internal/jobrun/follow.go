@@ -1,0 +1,416 @@
+package jobrun
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/radic-project/radic/internal/launch"
+)
+
+// Following a restarted rank (radic run --recovery): radicd restarts the
+// ranks of a lost node elsewhere, or a crashed rank's group in place
+// (internal/radicd/recovery.go), and every radicd can say where each rank
+// of the job runs now and at which epoch (GET /v1/recovery/jobs/J). radic
+// run asks while the job runs, moves a rank's polls to its new instance,
+// prints the recoveries, and drops the output the new instance regenerates
+// up to the offset already delivered, after comparing it: a mismatch is a
+// divergence and stops the job.
+
+// where is where one rank runs now.
+type where struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	node int
+	// +checklocks:mu
+	epoch uint64
+	// +checklocks:mu
+	moved chan struct{} // closed at the next move
+}
+
+func newWhere(node int) *where { return &where{node: node, moved: make(chan struct{})} }
+
+// get is the rank's node and epoch, and a channel closed when it moves.
+func (w *where) get() (node int, epoch uint64, moved <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.node, w.epoch, w.moved
+}
+
+// move records a newer instance; it reports whether it was one.
+func (w *where) move(node int, epoch uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if epoch <= w.epoch {
+		return false
+	}
+	w.node, w.epoch = node, epoch
+	close(w.moved)
+	w.moved = make(chan struct{})
+	return true
+}
+
+// keepDelivered bounds the delivered output kept per stream to compare a
+// restarted instance's byte by byte; beyond it the prefix is compared by
+// its hash at its end.
+const keepDelivered = 64 << 20
+
+// DivergenceError: a restarted rank regenerated output that differs
+// from what was delivered.
+type DivergenceError struct {
+	Rank   int
+	Stream string
+	Offset uint64 // first differing byte (with a hash: the end of the compared prefix)
+	Hashed bool
+}
+
+func (e *DivergenceError) Error() string {
+	if e.Hashed {
+		return fmt.Sprintf("rank %d diverged after its restart: its %s differs from what was already delivered within the first %d bytes", e.Rank, e.Stream, e.Offset)
+	}
+	return fmt.Sprintf("rank %d diverged after its restart: its %s differs from what was already delivered at byte %d", e.Rank, e.Stream, e.Offset)
+}
+
+// dedup is one output stream of a rank across its instances: what was
+// delivered, and how far the current instance has regenerated it.
+type dedup struct {
+	rank      int
+	stream    string
+	delivered uint64
+	kept      []byte // delivered[0:len(kept)]
+	sum       uint64 // FNV-1a 64 of everything delivered
+	// The current instance: bytes [0, regen) of it were compared.
+	regen    uint64
+	regenSum uint64
+}
+
+const fnvOffset = 14695981039346656037
+
+func newDedup(rank int, stream string) *dedup {
+	return &dedup{rank: rank, stream: stream, sum: fnvOffset, regenSum: fnvOffset}
+}
+
+func fnvAdd(h uint64, b []byte) uint64 {
+	// FNV-1a 64, resumed from h.
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return h
+}
+
+// restart starts comparing a new instance from its offset 0.
+func (d *dedup) restart() { d.regen, d.regenSum = 0, fnvOffset }
+
+// feed takes bytes of the current instance at its offset off (== the
+// bytes it had given so far) and returns what is new, to be written out.
+func (d *dedup) feed(off uint64, b []byte) ([]byte, error) {
+	if off != d.regen {
+		return nil, fmt.Errorf("rank %d %s: bytes at offset %d, expected %d", d.rank, d.stream, off, d.regen)
+	}
+	if d.regen < d.delivered {
+		n := min(uint64(len(b)), d.delivered-d.regen)
+		old := d.regen
+		if d.regen+n <= uint64(len(d.kept)) {
+			if i := firstDiff(d.kept[d.regen:d.regen+n], b[:n]); i >= 0 {
+				return nil, &DivergenceError{Rank: d.rank, Stream: d.stream, Offset: old + uint64(i)}
+			}
+		}
+		d.regenSum = fnvAdd(d.regenSum, b[:n])
+		d.regen += n
+		b = b[n:]
+		if d.regen == d.delivered && d.regenSum != d.sum {
+			return nil, &DivergenceError{Rank: d.rank, Stream: d.stream, Offset: d.delivered, Hashed: true}
+		}
+	}
+	if len(b) == 0 {
+		return nil, nil
+	}
+	d.regen += uint64(len(b))
+	d.regenSum = fnvAdd(d.regenSum, b)
+	d.delivered += uint64(len(b))
+	d.sum = fnvAdd(d.sum, b)
+	if room := keepDelivered - len(d.kept); room > 0 {
+		d.kept = append(d.kept, b[:min(room, len(b))]...)
+	}
+	return b, nil
+}
+
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
+
+// describe is a recovery event as radic run prints it: "node 2 died at
+// 12:01:03.120; rank 2 restarted on node 4 in 0.84 s".
+func describe(ev launch.RecoveryEvent, ranks []int) string {
+	rs := make([]string, len(ranks))
+	for i, r := range ranks {
+		rs[i] = fmt.Sprint(r)
+	}
+	which := "rank " + strings.Join(rs, ",")
+	if len(ranks) != 1 {
+		which = "ranks " + strings.Join(rs, ",")
+	}
+	if ev.Error != "" {
+		return fmt.Sprintf("recovery of the ranks of node %d failed: %s", ev.Group, ev.Error)
+	}
+	at := ev.Start.Local().Format("15:04:05.000")
+	if ev.Cause == "process" {
+		return fmt.Sprintf("a rank of node %d died at %s; %s restarted on node %d in %.2f s", ev.From, at, which, ev.To, ev.Seconds)
+	}
+	return fmt.Sprintf("node %d died at %s; %s restarted on node %d in %.2f s", ev.From, at, which, ev.To, ev.Seconds)
+}
+
+// ranksOf lists the job's ranks of group g.
+func ranksOf(jr launch.JobRecovery, g int) []int {
+	var rs []int
+	for _, l := range jr.Ranks {
+		if l.Group == g {
+			rs = append(rs, l.Rank)
+		}
+	}
+	slices.Sort(rs)
+	return rs
+}
+
+// follower follows the ranks of a job launched with recovery.
+type follower struct {
+	job    string
+	nodes  []int // whose daemons to ask, in order (the launch nodes, then those learned)
+	at     func(node int) *Client
+	wh     []*where
+	logf   func(string, ...any)
+	failed chan error // a recovery failed: the job must stop
+	events int        // looked at so far
+	since  time.Time  // the job's start: older events are a previous job's
+}
+
+// failedCh is nil for a job without recovery (a nil channel never fires).
+func (f *follower) failedCh() <-chan error {
+	if f == nil {
+		return nil
+	}
+	return f.failed
+}
+
+// followEvery is how often radic run asks where the ranks run.
+const followEvery = 250 * time.Millisecond
+
+func (f *follower) run(ctx context.Context) {
+	t := time.NewTicker(followEvery)
+	defer t.Stop()
+	good := 0 // index in nodes of the last daemon that answered
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var jr launch.JobRecovery
+		var err error
+		for i := range f.nodes {
+			n := f.nodes[(good+i)%len(f.nodes)]
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			jr, err = f.at(n).Recovery(qctx, f.job)
+			cancel()
+			if err == nil {
+				good = (good + i) % len(f.nodes)
+				break
+			}
+		}
+		if err != nil {
+			continue
+		}
+		f.learn(jr)
+	}
+}
+
+// learn applies what a daemon said.
+func (f *follower) learn(jr launch.JobRecovery) {
+	for _, l := range jr.Ranks {
+		if l.Rank >= 0 && l.Rank < len(f.wh) {
+			f.wh[l.Rank].move(l.Node, l.Epoch)
+		}
+		if !slices.Contains(f.nodes, l.Node) {
+			f.nodes = append(f.nodes, l.Node)
+		}
+	}
+	for ; f.events < len(jr.Events); f.events++ {
+		ev := jr.Events[f.events]
+		if ev.Start.Before(f.since) {
+			continue
+		}
+		f.logf("radic run: %s", describe(ev, ranksOf(jr, ev.Group)))
+		if ev.Error != "" {
+			select {
+			case f.failed <- fmt.Errorf("recovery of the ranks of node %d failed: %s", ev.Group, ev.Error):
+			default:
+			}
+		}
+	}
+}
+
+// followLost is how long a rank may be out of reach, or unknown where it
+// was, without being restarted elsewhere, before radic run counts it as
+// killed.
+const followLost = 30 * time.Second
+
+// watchExit is watchExit for a rank that may be restarted: a status of
+// "restarting", a daemon out of reach or a rank unknown there wait for
+// the rank's next instance.
+func (f *follower) watchExit(ctx context.Context, cl func(int) *Client, rank int, exits chan<- exitMsg, contact *atomic.Int64) {
+	var lostSince time.Time
+	for ctx.Err() == nil {
+		c := cl(rank)
+		_, epoch, moved := f.wh[rank].get()
+		pctx, pcancel := context.WithTimeout(ctx, statusWait+pollSlack)
+		st, err := c.Status(pctx, f.job, rank, statusWait)
+		pcancel()
+		if err == nil || !Unreachable(err) {
+			contact.Store(time.Now().UnixNano())
+		}
+		switch {
+		case err == nil && st.Exit != nil && st.Epoch >= epoch:
+			exits <- exitMsg{rank, *st.Exit}
+			return
+		case err == nil && st.State != launch.StateRestarting && st.Epoch >= epoch:
+			lostSince = time.Time{}
+			continue
+		}
+		// Restarting, out of reach, unknown, or an older instance.
+		if lostSince.IsZero() {
+			lostSince = time.Now()
+		} else if time.Since(lostSince) > followLost {
+			f.logf("radic run: rank %d: not restarted within %v (%v)", rank, followLost, err)
+			exits <- exitMsg{rank, launch.Exit{Signal: int(syscall.SIGKILL)}}
+			return
+		}
+		select {
+		case <-moved:
+			lostSince = time.Time{}
+		case <-time.After(retryEvery):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// forward is forward for a rank that may be restarted: it reads each
+// instance from its offset 0 and writes out only what goes beyond what
+// was delivered, after comparing the rest. It returns a
+// *DivergenceError when they differ.
+func (f *follower) forward(ctx context.Context, cl func(int) *Client, rank int, stream string, w io.Writer, exited, abandoned <-chan struct{}) error {
+	dd := newDedup(rank, stream)
+	var off, cur uint64 // offset in the instance at epoch cur
+	buf := make([]byte, 64<<10)
+	var idleSince, failSince time.Time
+	for ctx.Err() == nil {
+		select {
+		case <-abandoned:
+			return nil
+		default:
+		}
+		c := cl(rank)
+		_, epoch, moved := f.wh[rank].get()
+		if epoch != cur {
+			cur, off = epoch, 0
+			dd.restart()
+		}
+		wait, done := pollWait, false
+		select {
+		case <-exited:
+			done, wait = true, drainTimeout/4
+		default:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, wait+pollSlack)
+		go func() {
+			select {
+			case <-exited:
+			case <-moved:
+			case <-pctx.Done():
+				return
+			}
+			if !done {
+				pcancel()
+			}
+		}()
+		body, eof, err := c.OutputEpoch(pctx, f.job, rank, stream, off, wait, cur)
+		if err != nil {
+			pcancel()
+			if done {
+				if failSince.IsZero() {
+					failSince = time.Now()
+				} else if time.Since(failSince) > lostTimeout {
+					f.logf("radic run: %s of rank %d after byte %d not forwarded: %v", stream, rank, dd.delivered, err)
+					return nil
+				}
+			}
+			select {
+			case <-moved:
+			case <-time.After(retryEvery):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		failSince = time.Time{}
+		complete := false
+		n0 := off
+		for {
+			n, rerr := body.Read(buf)
+			if n > 0 {
+				out, derr := dd.feed(off, buf[:n])
+				if derr != nil {
+					body.Close()
+					pcancel()
+					return derr
+				}
+				if len(out) > 0 {
+					_, _ = w.Write(out)
+				}
+				off += uint64(n)
+			}
+			if rerr != nil {
+				complete = errors.Is(rerr, io.EOF)
+				break
+			}
+		}
+		body.Close()
+		pcancel()
+		if eof && complete {
+			// The instance's stream ended: the rank's end, or its death
+			// before a restart.
+			select {
+			case <-exited:
+				return nil
+			case <-moved:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		switch {
+		case !done || off > n0:
+			idleSince = time.Time{}
+		case idleSince.IsZero():
+			idleSince = time.Now()
+		case time.Since(idleSince) > drainTimeout:
+			return nil
+		}
+	}
+	return nil
+}
