@@ -390,11 +390,19 @@ func TestRadicdLaunch(t *testing.T) {
 		c.env = append(os.Environ(), "RADIC_STATE_DIR="+c.dir)
 		t.Cleanup(func() { c.radicErr("cluster", "down") })
 		name := fmt.Sprintf("tf%05x", rand.IntN(1<<20))
-		args := []string{"cluster", "up", "--nodes", "2", "--name", name}
-		if os.Geteuid() == 0 {
-			args = append(args, "--subnet", fmt.Sprintf("10.%d.0.0/16", 100+rand.IntN(150)))
+		var out string
+		var err error
+		for try := 0; ; try++ {
+			args := []string{"cluster", "up", "--nodes", "2", "--name", name}
+			if os.Geteuid() == 0 {
+				args = append(args, "--subnet", fmt.Sprintf("10.%d.0.0/16", 100+rand.IntN(150)))
+			}
+			// A subnet another cluster on this host holds is refused
+			// before any radicd starts: pick another, as newCluster does.
+			if out, err = c.radicErr(args...); try >= 5 || !strings.Contains(out, "overlaps a route") {
+				break
+			}
 		}
-		out, err := c.radicErr(args...)
 		ee, _ := err.(*exec.ExitError)
 		if ee == nil || ee.ExitCode() != 1 || !strings.Contains(out, "radicd on node 1 exited before it was ready") || !strings.Contains(out, "simulated failure") {
 			t.Errorf("up with a failing radicd: err=%v (want exit status 1), output:\n%s", err, out)
