@@ -232,6 +232,7 @@ func (d *Daemon) storeLaunch(ctx context.Context, rec *launch.Record) ([]int, er
 	}
 	body := record.AppendRecord(nil, &mr)
 	deadline := time.Now().Add(protectorWait)
+	d.waitRingFormed(ctx, deadline)
 	for {
 		// A protector that just died holds a push until the ring
 		// declares it (under a second); then the ring names another.
@@ -258,6 +259,34 @@ func (d *Daemon) storeLaunch(ctx context.Context, rec *launch.Record) ([]int, er
 			return ids, err
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitRingFormed waits (until deadline) for every member of the ring to
+// have been heard from or declared. A node's protectors are the next k
+// alive members after it in the ring as it knows it, and while the ring
+// is still forming (radicd just started) that set grows: a rank launched
+// then would have the start of its log on one protector and the rest on
+// another, which holds nothing before its first batch, and nothing moves
+// the start to it (TestRecoveryLogsWhatPeersSent, 1 run in 6: "stream
+// starts at 240106, want 0").
+func (d *Daemon) waitRingFormed(ctx context.Context, deadline time.Time) {
+	for {
+		st, ok := d.runner.Status(ctx)
+		forming := !ok
+		for _, m := range st.Members {
+			if m.State == "unknown" && m.ID != d.self {
+				forming = true
+			}
+		}
+		if !forming {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			d.log.Warn("launching before the ring has formed: a rank's protectors may change under it", "members", st.Members)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
