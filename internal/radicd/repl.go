@@ -162,23 +162,11 @@ func containsID(ids []heartbeat.NodeID, id heartbeat.NodeID) bool {
 	return false
 }
 
-// currentProtectors asks the ring for this node's protectors (as replicate does).
+// currentProtectors is this node's protectors, all k of them alive.
 func (d *Daemon) currentProtectors(ctx context.Context) ([]heartbeat.NodeID, error) {
-	st, ok := d.runner.Status(ctx)
-	if !ok {
-		return nil, errors.New("daemon stopping")
-	}
-	if st.Fenced {
-		return nil, &httpError{http.StatusServiceUnavailable, "this node is fenced"}
-	}
-	var prots []heartbeat.NodeID
-	for _, m := range st.Members {
-		if m.ID == st.Self {
-			prots = m.Protectors
-		}
-	}
-	if len(prots) == 0 {
-		return nil, &httpError{http.StatusServiceUnavailable, "no protector alive"}
+	prots, err := d.ringProtectors(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if len(prots) < d.cfg.Protectors {
 		return prots, &httpError{http.StatusServiceUnavailable,

@@ -285,8 +285,9 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.msg }
 
-// replicate sends encoded records of this node to all its protectors.
-func (d *Daemon) replicate(ctx context.Context, body []byte) ([]heartbeat.NodeID, error) {
+// ringProtectors is this node's protectors as its ring names them now:
+// an error when the daemon stops, the node is fenced or none is alive.
+func (d *Daemon) ringProtectors(ctx context.Context) ([]heartbeat.NodeID, error) {
 	st, ok := d.runner.Status(ctx)
 	if !ok {
 		return nil, errors.New("daemon stopping")
@@ -302,6 +303,15 @@ func (d *Daemon) replicate(ctx context.Context, body []byte) ([]heartbeat.NodeID
 	}
 	if len(prots) == 0 {
 		return nil, &httpError{http.StatusServiceUnavailable, "no protector alive"}
+	}
+	return prots, nil
+}
+
+// replicate sends encoded records of this node to all its protectors.
+func (d *Daemon) replicate(ctx context.Context, body []byte) ([]heartbeat.NodeID, error) {
+	prots, err := d.ringProtectors(ctx)
+	if err != nil {
+		return nil, err
 	}
 	errs := make([]error, len(prots))
 	var wg sync.WaitGroup
