@@ -21,6 +21,7 @@ const (
 	DefaultReplayTimeout     = 10 * time.Minute
 	DefaultReprotectTimeout  = 30 * time.Second
 	DefaultReprotectAttempts = 3
+	DefaultAnnounceEvery     = time.Second
 )
 
 // GroupSpec is a semi-coordinated group as launched: the processes of one
@@ -64,6 +65,11 @@ type Config struct {
 	ReprotectTimeout time.Duration // Reprotect sent -> acknowledged, per attempt
 	// ReprotectAttempts before the group is reported unprotected.
 	ReprotectAttempts int
+	// AnnounceEvery: each machine repeats the placements it writes this
+	// often (anti-entropy), because an announcement is best effort: one
+	// lost to a node that never left anybody's View (a short freeze, a
+	// push that timed out) would otherwise never be repeated.
+	AnnounceEvery time.Duration
 }
 
 // SetDefaults fills zero fields.
@@ -83,6 +89,7 @@ func (c *Config) SetDefaults() {
 	def(&c.ReconnectTimeout, DefaultReconnectTimeout)
 	def(&c.ReplayTimeout, DefaultReplayTimeout)
 	def(&c.ReprotectTimeout, DefaultReprotectTimeout)
+	def(&c.AnnounceEvery, DefaultAnnounceEvery)
 	if c.ReprotectAttempts == 0 {
 		c.ReprotectAttempts = DefaultReprotectAttempts
 	}
@@ -97,7 +104,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
 	}
 	for _, d := range []time.Duration{c.FenceTimeout, c.DeclareTimeout, c.FenceMargin,
-		c.RestartTimeout, c.ReconnectTimeout, c.ReplayTimeout, c.ReprotectTimeout} {
+		c.RestartTimeout, c.ReconnectTimeout, c.ReplayTimeout, c.ReprotectTimeout, c.AnnounceEvery} {
 		if d <= 0 {
 			return bad("every timeout and the fence margin must be positive")
 		}

@@ -59,7 +59,9 @@
 // Confirm: a declaration is acted on only by a machine whose View holds a
 // strict majority of the ring, and only once the node's processes are
 // known gone: it announced its fence, or it has been out of this node's
-// View for DeclareTimeout. The recoverer then restarts the group on the
+// View for DeclareTimeout while that View held a majority (what a node
+// misses while it is itself cut off says nothing of the missing node,
+// which may have kept its majority and not fenced). The recoverer then restarts the group on the
 // lowest free spare in reach (the one the heartbeat promotes), else on its
 // own node. Each attempt has its own epoch; a target that does not start
 // the group within RestartTimeout is sent ActAbort, and the next target is
@@ -68,6 +70,11 @@
 // (Started); the ring repair (ActRepairRing) is emitted by every machine
 // that confirms a death; the steward re-protects as soon as the group has
 // started, because until then its data may sit on its new host alone.
+//
+// Announcements are best effort: one lost to a node that never left
+// anybody's View (a freeze shorter than the heartbeat timeout, a push that
+// timed out) is repaired because every machine repeats the placements it
+// writes every AnnounceEvery, and at once when a node comes back into reach.
 //
 // A recovery ends with a Record when the group is live and its data is on
 // all its new protectors; ReconnectTimeout and ReplayTimeout bound those
@@ -94,6 +101,7 @@
 //	FenceMargin       DeclareTimeout - FenceTimeout >= FenceMargin > 0 (Validate)
 //	RestartTimeout    per restart target (and for ActStop)
 //	ReconnectTimeout, ReplayTimeout, ReprotectTimeout (x ReprotectAttempts)
+//	AnnounceEvery     repeat this machine's placements (anti-entropy)
 //
 // Views lag the truth by about a heartbeat timeout on both sides of a cut,
 // so a cut-off node fences about FenceTimeout after the cut and its peers

@@ -74,6 +74,7 @@ type Machine struct {
 	fenced    bool
 	fencedAt  time.Time
 	noMajAt   time.Time // zero while the View holds a majority
+	majAt     time.Time // when the View last gained a majority
 	lastTick  time.Time
 	lastRing  []NodeID
 	out       []Action
@@ -81,7 +82,8 @@ type Machine struct {
 	stats     *Stats
 	tickEvery time.Duration
 	// reannounce: a node came back into reach; repeat our placements.
-	reannounce bool
+	reannounce   bool
+	lastAnnounce time.Time // of every placement written here (AnnounceEvery)
 }
 
 // New makes the machine of cfg.Self; cfg is defaulted and validated.
@@ -96,7 +98,7 @@ func New(cfg Config, stats *Stats, now time.Time) (*Machine, error) {
 		stats = new(Stats)
 	}
 	m := &Machine{
-		cfg: cfg, self: cfg.Self, stats: stats, lastTick: now,
+		cfg: cfg, self: cfg.Self, stats: stats, lastTick: now, lastAnnounce: now, majAt: now,
 		nodes: map[NodeID]*node{}, groups: map[GroupID]*group{},
 		// Ticks come at least this often, so that a longer gap is a
 		// stall of this node (frozen), not a quiet period.
@@ -507,8 +509,8 @@ func (m *Machine) step(now time.Time) {
 	}
 	m.confirm(now, maj)
 	m.reconcile(now, maj)
-	if m.reannounce {
-		m.reannounce = false
+	if m.reannounce || now.Sub(m.lastAnnounce) >= m.cfg.AnnounceEvery {
+		m.reannounce, m.lastAnnounce = false, now
 		for _, id := range m.gids {
 			g := m.groups[id]
 			if st, _ := m.steward(g); g.Host == m.self || st == m.self {
@@ -524,7 +526,9 @@ func (m *Machine) step(now time.Time) {
 // its processes are gone.
 func (m *Machine) checkFence(now time.Time, maj bool) {
 	if maj {
-		m.noMajAt = time.Time{}
+		if !m.noMajAt.IsZero() {
+			m.noMajAt, m.majAt = time.Time{}, now
+		}
 		return
 	}
 	if m.noMajAt.IsZero() {
@@ -567,7 +571,7 @@ func (m *Machine) confirm(now time.Time, maj bool) {
 		if id == m.self || n.dead || !n.declared {
 			continue
 		}
-		if n.fenced || (!n.seen && now.Sub(n.lostAt) >= m.cfg.DeclareTimeout) {
+		if n.fenced || (!n.seen && now.Sub(m.absentSince(n)) >= m.cfg.DeclareTimeout) {
 			n.dead = true
 			changed = true
 			m.stats.Confirmed.Add(1)
@@ -582,6 +586,18 @@ func (m *Machine) confirm(now time.Time, maj bool) {
 		pred, succ := neighbours(ring, m.self)
 		m.emit(Action{Kind: ActRepairRing, Ring: slices.Clone(ring), Pred: pred, Succ: succ})
 	}
+}
+
+// absentSince is when n's absence from this node's View started to mean
+// something: its absence counts only while this View holds a majority.
+// A node that was itself cut off for less than FenceTimeout (so it did not
+// fence) missed its peers for reasons on its own side; n kept its majority
+// meanwhile and has had no cause to fence.
+func (m *Machine) absentSince(n *node) time.Time {
+	if n.lostAt.Before(m.majAt) {
+		return m.majAt
+	}
+	return n.lostAt
 }
 
 func neighbours(ring []NodeID, self NodeID) (pred, succ NodeID) {
@@ -924,9 +940,10 @@ func (m *Machine) nextTick() time.Time {
 	if !m.noMajAt.IsZero() {
 		at(m.noMajAt.Add(m.cfg.FenceTimeout))
 	}
+	at(m.lastAnnounce.Add(m.cfg.AnnounceEvery))
 	for _, n := range m.nodes {
 		if n.declared && !n.dead && !n.seen {
-			at(n.lostAt.Add(m.cfg.DeclareTimeout))
+			at(m.absentSince(n).Add(m.cfg.DeclareTimeout))
 		}
 	}
 	for _, g := range m.groups {

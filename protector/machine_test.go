@@ -147,6 +147,54 @@ func TestConfirmRule(t *testing.T) {
 	}
 }
 
+// A node cut off for less than FenceTimeout does not fence; the peers it
+// missed meanwhile kept their majority and did not fence either. Their
+// absence counts toward DeclareTimeout only from when this node's View
+// holds a majority again.
+func TestConfirmCountsOnlyMajorityTime(t *testing.T) {
+	const decl = DefaultDeclareTimeout
+	m := newMachine(t, baseConfig(3))
+	m.View(t0, []NodeID{4}) // 3 is cut off: 2 of 5
+	back := t0.Add(200 * time.Millisecond)
+	m.View(back, []NodeID{0, 1, 4}) // back in the majority; 2 is still out
+	m.Declared(back, 2, false)
+	for now := back; now.Before(back.Add(decl)); now = now.Add(10 * time.Millisecond) {
+		m.Tick(now)
+		if !m.alive(2) {
+			t.Fatalf("node 2 confirmed dead %v after 3 regained its majority, %v after 3 lost it; want %v after the regain",
+				now.Sub(back), now.Sub(t0), decl)
+		}
+	}
+	m.Tick(back.Add(decl))
+	if m.alive(2) {
+		t.Errorf("node 2 not confirmed dead %v after 3 regained its majority", decl)
+	}
+}
+
+// Every machine repeats the placements it writes every AnnounceEvery, so
+// that an announcement lost to a node that never left anybody's View is
+// repaired.
+func TestAnnouncementsRepeat(t *testing.T) {
+	m := newMachine(t, baseConfig(2))
+	every := m.Config().AnnounceEvery
+	got := map[time.Duration][]GroupID{}
+	for now := t0; !now.After(t0.Add(5 * every / 2)); {
+		m.Tick(now)
+		rd := m.Ready()
+		for _, a := range rd.Actions {
+			if a.Kind == ActAnnounce {
+				got[now.Sub(t0)] = append(got[now.Sub(t0)], a.Group)
+			}
+		}
+		now = rd.NextTick
+	}
+	// Node 2 hosts group 2 and stewards group 1 (it is 1's protector).
+	want := map[time.Duration][]GroupID{every: {1, 2}, 2 * every: {1, 2}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("announcements by time since start (-want +got):\n%s", diff)
+	}
+}
+
 func TestFenceTimer(t *testing.T) {
 	cases := []struct {
 		name   string
