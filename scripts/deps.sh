@@ -40,5 +40,9 @@ if ((${#missing[@]})); then
   fi
 fi
 
+# CRIU 4.1 for the criu checkpoint backend, in its own prefix (see the
+# script: the system's CRIU 3.17 does not run on this kernel).
+"$(dirname "$0")/criu.sh"
+
 command -v go >/dev/null || { echo "deps: Go is not on PATH (need Go >= 1.26)" >&2; exit 1; }
 go mod download
