@@ -80,8 +80,8 @@ type Manifest struct {
 	Procs []Proc `json:"procs"`
 	// Meta is the backend's own (how the image was taken: options that a
 	// restore must repeat).
-	Meta map[string]string `json:"meta,omitempty"`
-	Files []File `json:"files"`
+	Meta  map[string]string `json:"meta,omitempty"`
+	Files []File            `json:"files"`
 	// Bytes is the files' total size; PackBytes what this image's own pack
 	// holds (compressed new chunks); Chunks and NewChunks count them.
 	Bytes     int64 `json:"bytes"`

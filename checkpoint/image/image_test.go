@@ -209,4 +209,3 @@ func TestPids(t *testing.T) {
 		t.Errorf("Pids() = %v, want %v", got, want)
 	}
 }
-
