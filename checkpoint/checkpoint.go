@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/radic-project/radic/checkpoint/image"
 	"github.com/radic-project/radic/internal/launch"
@@ -72,14 +74,11 @@ type Target struct {
 	// place of files that were outside the group at checkpoint time (the
 	// rank's output pipes to radicd): key is the image's name for the
 	// file, as recorded in image.Proc.Fds ("pipe:[1234]").
-	Inherit map[string]Inheritable
+	Inherit map[string]*os.File
 	// Launch re-creates a rank from its launch record (radicd's launcher)
 	// and returns its pid; the exec backend's only way to restore.
 	Launch func(ctx context.Context, rec launch.Record) (int, error)
 }
-
-// Inheritable is a file handed to restored processes.
-type Inheritable interface{ Fd() uintptr }
 
 // Image is a complete checkpoint of a group.
 type Image struct {
@@ -91,6 +90,16 @@ type Image struct {
 	Manifest *image.Manifest
 	// Launch are the group's launch records at checkpoint time.
 	Launch []launch.Record
+	// Stats says what taking it cost (zero for an image read back).
+	Stats Stats
+}
+
+// Stats is what one checkpoint cost.
+type Stats struct {
+	Dump      time.Duration // the group stopped or frozen, CRIU dumping
+	Pack      time.Duration // compressing and checksumming into the image
+	Bytes     int64         // the raw dump
+	PackBytes int64         // stored for this image (new data, compressed)
 }
 
 // ErrUnusable wraps every reason a backend cannot work on this node.

@@ -95,6 +95,9 @@ type Proc struct {
 	Pid  int    `json:"pid"`
 	Root int    `json:"root"` // index of its tree in the group (Group.Roots)
 	Comm string `json:"comm"`
+	// Start is its start time (clock ticks since boot), so that a pid
+	// reused by another process is never signalled.
+	Start uint64 `json:"start"`
 	// Tids are its threads (the pid included): all are restored with the
 	// same ids, so all must be free.
 	Tids []int `json:"tids"`
