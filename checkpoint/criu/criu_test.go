@@ -490,3 +490,63 @@ func TestProbeAgreesWithCRIU(t *testing.T) {
 		t.Logf("dump without the knob did not finish in %v, as the probe said: %v", wait, err)
 	}
 }
+
+// TestGroupOfTwoTrees: a node's group of two process trees (two ranks) is
+// checkpointed as one cut and restored together; both carry on.
+func TestGroupOfTwoTrees(t *testing.T) {
+	b := backend(t, Config{})
+	r := newRig(t, b)
+	c1, c2 := r.start(10), r.start(10)
+	pids := []int{c1.Process.Pid, c2.Process.Pid}
+	// Both connected and reporting.
+	seen := map[int]bool{}
+	var last line
+	for len(seen) < 2 || last.step < 20 {
+		last = r.next()
+		seen[last.conn] = true
+	}
+	img, err := b.Checkpoint(context.Background(), checkpoint.Request{
+		Group: checkpoint.Group{Node: 2, Roots: pids}, Dir: filepath.Join(r.store, "1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.exited(pids[0])
+	r.exited(pids[1])
+	r.drain(last)
+	if got := img.Manifest.Meta[metaStopped]; got != "1" {
+		t.Errorf("manifest stopped = %q: a group of two trees must be stopped for its cut", got)
+	}
+	t.Logf("group of 2: dump %v, pack %v, %d bytes raw, %d stored", img.Stats.Dump, img.Stats.Pack, img.Stats.Bytes, img.Stats.PackBytes)
+	start := time.Now()
+	got, err := b.Restore(context.Background(), img, checkpoint.Target{Cgroup: r.cgroup})
+	for _, pid := range got {
+		r.restored(pid)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore of 2 trees: %v", time.Since(start))
+	if len(got) != 2 || got[0] != pids[0] || got[1] != pids[1] {
+		t.Fatalf("Restore = %v, want %v", got, pids)
+	}
+	// Each restored program reports on a new connection, three steps in a
+	// row (stopped for the cut, they must have been continued).
+	steps := map[int][]uint64{}
+	for done := 0; done < 2; {
+		l := r.next()
+		if seen[l.conn] {
+			continue
+		}
+		s := steps[l.conn]
+		if len(s) > 0 && l.step != s[len(s)-1]+1 {
+			t.Fatalf("connection %d: step %d after %d", l.conn, l.step, s[len(s)-1])
+		}
+		steps[l.conn] = append(s, l.step)
+		if len(steps[l.conn]) == 3 {
+			done++
+		}
+	}
+	for _, pid := range pids {
+		r.checkCgroup(pid)
+	}
+}
