@@ -141,12 +141,12 @@ func (b *Backend) detect() {
 	b.cfg.Logf("criu: %s", b.probe)
 	out, err := b.output(context.Background(), "--version")
 	if err != nil {
-		b.usable = unusable("%s --version: %v: %s", b.path, err, lastLines(out, 3))
+		b.usable = unusable("%s --version: %v%s", b.path, err, detail(out))
 		return
 	}
 	b.version = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 	if out, err := b.output(context.Background(), "check"); err != nil {
-		b.usable = unusable("`%s check` fails on this kernel (%s): %s", b.path, b.version, lastLines(out, 3))
+		b.usable = unusable("`%s check` fails on this kernel (%s): %v%s", b.path, b.version, err, detail(out))
 		return
 	}
 	_, err = b.output(context.Background(), "check", "--feature", "mem_dirty_track")
@@ -179,6 +179,15 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// detail is ": " and the tail of a command's output, or "" if it said
+// nothing.
+func detail(out []byte) string {
+	if len(bytes.TrimSpace(out)) == 0 {
+		return ""
+	}
+	return ": " + lastLines(out, 3)
 }
 
 // logErrors is the Error lines of a criu log (the last few), or its tail.

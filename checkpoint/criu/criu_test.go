@@ -20,6 +20,7 @@ import (
 	"github.com/radic-project/radic/checkpoint"
 	"github.com/radic-project/radic/checkpoint/hwbp"
 	"github.com/radic-project/radic/checkpoint/image"
+	"github.com/radic-project/radic/checkpoint/reexec"
 )
 
 // TestMain makes the test binary a child subreaper, as radicd is meant to
@@ -549,4 +550,22 @@ func TestGroupOfTwoTrees(t *testing.T) {
 	for _, pid := range pids {
 		r.checkCgroup(pid)
 	}
+}
+
+// TestUnusableSaysWhy: without a working criu the backend says why, and
+// Choose falls back to exec.
+func TestUnusableSaysWhy(t *testing.T) {
+	b := New(Config{Criu: "/nonexistent/criu", Probe: func() (hwbp.Result, error) { return hwbp.Result{Trap: true}, nil }})
+	err := b.Usable()
+	if !errors.Is(err, checkpoint.ErrUnusable) {
+		t.Fatalf("Usable() with no criu = %v, want ErrUnusable", err)
+	}
+	if os.Geteuid() == 0 && !strings.Contains(err.Error(), "/nonexistent/criu") {
+		t.Errorf("Usable() = %q: does not name the criu it tried", err)
+	}
+	got, why := checkpoint.Choose(b, reexec.Backend{})
+	if got == nil || got.Name() != reexec.Name || len(why) != 1 {
+		t.Errorf("Choose(criu, exec) = %v, %v; want exec, and why criu was passed over", got, why)
+	}
+	t.Logf("fell back: %v", why)
 }

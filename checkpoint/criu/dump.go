@@ -35,6 +35,9 @@ func (b *Backend) Checkpoint(ctx context.Context, req checkpoint.Request) (img *
 	if req.Dir == "" {
 		return nil, errors.New("criu checkpoint: no image directory")
 	}
+	if _, err := os.Lstat(req.Dir); err == nil {
+		return nil, fmt.Errorf("criu checkpoint: %s exists (an image is never written over)", req.Dir)
+	}
 	var parent *image.Manifest
 	parentName := ""
 	if req.Parent != nil {
@@ -119,7 +122,6 @@ func (b *Backend) Checkpoint(ctx context.Context, req checkpoint.Request) (img *
 	}
 	packStart := time.Now()
 	if err := image.Write(raw, req.Dir, m, parent); err != nil {
-		os.RemoveAll(req.Dir)
 		return nil, fmt.Errorf("criu checkpoint of node %d: %w", g.Node, err)
 	}
 	img = &checkpoint.Image{Backend: Name, Dir: req.Dir, Manifest: m, Launch: g.Launch,

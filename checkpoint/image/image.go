@@ -144,14 +144,19 @@ func (m *Manifest) Pids() []int {
 // must not exist) with manifest m (its Files, sizes and counts are filled
 // in here), referencing the chunks of parent (a complete image beside dir,
 // or nil). The manifest is written last: until Write returns nil, dir is
-// not a usable image.
-func Write(src, dir string, m *Manifest, parent *Manifest) error {
+// not a usable image, and on error Write removes what it made of it.
+func Write(src, dir string, m *Manifest, parent *Manifest) (err error) {
 	if parent != nil && m.Parent == "" {
 		return errors.New("image: a parent manifest needs m.Parent (its directory name)")
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("image: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
 	known := map[string]Chunk{}
 	if parent != nil {
 		for _, f := range parent.Files {

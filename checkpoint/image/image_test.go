@@ -209,3 +209,14 @@ func TestPids(t *testing.T) {
 		t.Errorf("Pids() = %v, want %v", got, want)
 	}
 }
+
+func TestWriteNeverOverwrites(t *testing.T) {
+	dir, m := writeOne(t)
+	src := writeFiles(t, somePages(rand.New(rand.NewPCG(5, 6)), 2))
+	if err := Write(src, dir, &Manifest{}, nil); err == nil {
+		t.Fatal("Write into an existing image succeeded")
+	}
+	if err := Verify(dir, m); err != nil {
+		t.Errorf("the existing image was damaged by a refused Write: %v", err)
+	}
+}
