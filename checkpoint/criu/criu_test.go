@@ -21,6 +21,7 @@ import (
 	"github.com/radic-project/radic/checkpoint/hwbp"
 	"github.com/radic-project/radic/checkpoint/image"
 	"github.com/radic-project/radic/checkpoint/reexec"
+	"github.com/radic-project/radic/internal/testenv"
 )
 
 // TestMain makes the test binary a child subreaper, as radicd is meant to
@@ -169,11 +170,13 @@ func newRig(t *testing.T, b *Backend) *rig {
 	return r
 }
 
-// start runs the program, stepping every ms milliseconds.
-func (r *rig) start(ms int) *exec.Cmd {
+// start runs the program, stepping every ms milliseconds, with env added
+// to the test's environment.
+func (r *rig) start(ms int, env ...string) *exec.Cmd {
 	r.t.Helper()
 	port := r.ln.Addr().(*net.TCPAddr).Port
 	cmd := exec.Command(r.bin, strconv.Itoa(port), strconv.Itoa(ms))
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if r.cgroup != "" {
 		cg, err := os.Open(r.cgroup)
@@ -568,4 +571,42 @@ func TestUnusableSaysWhy(t *testing.T) {
 		t.Errorf("Choose(criu, exec) = %v, %v; want exec, and why criu was passed over", got, why)
 	}
 	t.Logf("fell back: %v", why)
+}
+
+// TestCheckpointUnderTheShim: a process with radic's preload library and
+// its Go runtime loaded (threads, epoll, eventfd, a pipe; every TCP socket
+// marked managed in test mode) is checkpointed and restored like any
+// other, and carries on with its state.
+func TestCheckpointUnderTheShim(t *testing.T) {
+	b := backend(t, Config{})
+	lib := filepath.Join(testenv.Root(t), "lib", "libradic.so")
+	for _, p := range []string{lib, filepath.Join(filepath.Dir(lib), "libradic-go.so")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("%s is not built (make builds it): %v", p, err)
+		}
+	}
+	r := newRig(t, b)
+	cmd := r.start(10, "LD_PRELOAD="+lib, "RADIC_TEST_MANAGE=1")
+	pid := cmd.Process.Pid
+	before := r.until(30)
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if len(tasks) < 2 {
+		t.Fatalf("process %d has %d thread(s): the shim's Go runtime is not loaded", pid, len(tasks))
+	}
+	img, err := b.Checkpoint(context.Background(), checkpoint.Request{Group: checkpoint.Group{Roots: []int{pid}}, Dir: filepath.Join(r.store, "1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.exited(pid)
+	last := r.drain(before)
+	if got := len(img.Manifest.Procs[0].Tids); got != len(tasks) {
+		t.Errorf("manifest lists %d threads, the process had %d", got, len(tasks))
+	}
+	pids, err := b.Restore(context.Background(), img, checkpoint.Target{Cgroup: r.cgroup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.restored(pids[0])
+	got := r.resumed(before.conn, before.step, last.step)
+	t.Logf("%d threads; dump %v, %d bytes raw; resumed at step %d", len(tasks), img.Stats.Dump, img.Stats.Bytes, got.step)
 }
