@@ -66,6 +66,8 @@ type Daemon struct {
 	fenceMu sync.Mutex
 	// +checklocks:fenceMu
 	lastFence FenceReport
+
+	ckpt checkpoints // POST /v1/jobs/{job}/checkpoint (checkpoint.go)
 }
 
 // beacon makes this node's heartbeats also go out as broadcasts for as

@@ -122,6 +122,7 @@ func (d *Daemon) rankRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/jobs/{job}/ranks/{rank}/signal", d.handleSignal)
 	mux.HandleFunc("POST /v1/jobs/{job}/ranks/{rank}/stdin", d.handleStdin)
 	mux.HandleFunc("DELETE /v1/jobs/{job}", d.handleForgetJob)
+	mux.HandleFunc("POST /v1/jobs/{job}/checkpoint", d.handleCheckpoint)
 }
 
 // rankOf finds the rank a request names, or answers 404 and returns nil.
