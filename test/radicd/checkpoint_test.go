@@ -98,6 +98,15 @@ func TestCheckpointEndpoint(t *testing.T) {
 	if _, code, body := post("nojob"); code != http.StatusNotFound {
 		t.Errorf("checkpoint of a job the node does not run: %d %s; want 404", code, body)
 	}
+	// The same through `radic checkpoint JOB`: a third image, on node 0.
+	out, err := c.radic("checkpoint", "ck-1")
+	t.Logf("radic checkpoint ck-1:\n%s", out)
+	if err != nil || !strings.Contains(out, "criu") || !strings.Contains(out, "00000003") {
+		t.Errorf("radic checkpoint ck-1: %v; want node 0's third criu image", err)
+	}
+	if out, err := c.radic("checkpoint", "nojob"); err == nil || !strings.Contains(out, "no node runs a rank") {
+		t.Errorf("radic checkpoint nojob: %v\n%s; want an error saying no node runs it", err, out)
+	}
 }
 
 // lastCount is the last number rank 0 of ck-1 printed so far.
