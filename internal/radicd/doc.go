@@ -32,6 +32,7 @@
 //	POST /v1/jobs/J/ranks/R/stdin   the body becomes its stdin (launched with "stdin": true), closed at the body's end
 //	DELETE /v1/jobs/J               the launcher is done: ranks still there are killed, all are forgotten
 //	GET  /v1/jobs                   every rank of this node (JSON)
+//	POST /v1/jobs/J/checkpoint      one checkpoint of J's ranks here, together, left running (CheckpointReply; 404: none here, 409: one not running)
 //	POST /v1/recovery/learn         a protector.Placement announced by another daemon's machine
 //	POST /v1/recovery/restart       {"group","epoch","from"}: relaunch the group's recovery ranks here; 204 once running
 //	POST /v1/recovery/abort         {"group","epoch"}: never start that attempt (kill it if it started)
