@@ -8,7 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/radic-project/radic/checkpoint"
 	"github.com/radic-project/radic/checkpoint/criu"
@@ -26,12 +29,33 @@ type checkpoints struct {
 	once    sync.Once
 	backend checkpoint.Backend
 
+	total, failures atomic.Uint64
+	lastBytes       atomic.Int64
+	seconds         prometheus.Histogram
+
 	// mu serializes the node's checkpoints: one group at a time.
 	mu sync.Mutex
 	// +checklocks:mu
 	last map[string]*checkpoint.Image // per job: its newest image
 	// +checklocks:mu
 	seq map[string]int
+}
+
+// CheckpointBuckets are radic_checkpoint_seconds' buckets.
+var CheckpointBuckets = []float64{0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60}
+
+func (c *checkpoints) collectors() []prometheus.Collector {
+	c.seconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "radic_checkpoint_seconds",
+		Help: "Time of one checkpoint of a job's ranks on this node: the group stopped or frozen and dumped, then packed into its image.", Buckets: CheckpointBuckets})
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "radic_checkpoints_total", Help: "Checkpoints of a job's ranks on this node that produced a complete image."},
+			func() float64 { return float64(c.total.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "radic_checkpoint_failures_total", Help: "Checkpoints that failed (the previous image stays the newest)."},
+			func() float64 { return float64(c.failures.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "radic_checkpoint_bytes", Help: "Bytes the newest checkpoint stored: its new data, compressed (an incremental image stores what changed)."},
+			func() float64 { return float64(c.lastBytes.Load()) }),
+		c.seconds,
+	}
 }
 
 // CheckpointReply is radicd's answer to POST /v1/jobs/{job}/checkpoint.
@@ -101,6 +125,9 @@ func (d *Daemon) handleCheckpoint(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		state := p.state
 		p.mu.Unlock()
+		if state == launch.StateExited {
+			continue // it needs no image: it ended
+		}
 		if state != launch.StateRunning {
 			d.ranks.mu.Unlock()
 			http.Error(w, fmt.Sprintf("rank %d of job %s on node %d is %s, not running: no checkpoint", k.rank, job, d.cfg.Node, state), http.StatusConflict)
@@ -141,11 +168,17 @@ func (d *Daemon) handleCheckpoint(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	img, err := b.Checkpoint(r.Context(), req)
 	if err != nil {
+		c.failures.Add(1)
 		d.log.Error("checkpoint failed", "job", job, "backend", b.Name(), "err", err)
 		http.Error(w, fmt.Sprintf("checkpoint of job %s on node %d (%s): %v", job, d.cfg.Node, b.Name(), err), http.StatusInternalServerError)
 		return
 	}
 	c.last[job] = img
+	c.total.Add(1)
+	c.lastBytes.Store(img.Stats.PackBytes)
+	if c.seconds != nil {
+		c.seconds.Observe((img.Stats.Dump + img.Stats.Pack).Seconds())
+	}
 	if img.Manifest != nil {
 		reply.Dir, reply.Parent = img.Dir, img.Manifest.Parent
 		reply.Chunks, reply.NewChunks = img.Manifest.Chunks, img.Manifest.NewChunks

@@ -31,6 +31,7 @@ var MetricNames = []string{
 	"radic_location_lookups_total", "radic_location_moves_total", "radic_location_push_errors_total",
 	"radic_location_listeners", "radic_location_generation",
 	"radic_log_bytes", "radic_log_records", "radic_log_rings", "radic_log_stuck_rings",
+	"radic_checkpoints_total", "radic_checkpoint_failures_total", "radic_checkpoint_seconds", "radic_checkpoint_bytes",
 }
 
 // registerMetrics puts radicd's collectors on reg (never the global one).
@@ -108,6 +109,7 @@ func (d *Daemon) registerMetrics(reg *prometheus.Registry) {
 		gauge("radic_log_stuck_rings", "Log rings whose last shipment to the protectors failed: their processes' sends wait.", func() float64 { return float64(d.logs.stuck.Load()) }),
 	)
 	reg.MustRegister(d.loc.collectors()...)
+	reg.MustRegister(d.ckpt.collectors()...)
 }
 
 func fsSpace(dir string) (size, avail uint64) {

@@ -44,7 +44,7 @@ func TestCheckpointEndpoint(t *testing.T) {
 	if err := cl.Start(ctx, "ck-1", 0); err != nil {
 		t.Fatal(err)
 	}
-	addr, _ := c.daemon(0)
+	addr, metrics := c.daemon(0)
 	post := func(job string) (radicd.CheckpointReply, int, string) {
 		t.Helper()
 		resp, err := http.Post("http://"+addr+"/v1/jobs/"+job+"/checkpoint", "", nil)
@@ -103,6 +103,17 @@ func TestCheckpointEndpoint(t *testing.T) {
 	t.Logf("radic checkpoint ck-1:\n%s", out)
 	if err != nil || !strings.Contains(out, "criu") || !strings.Contains(out, "00000003") {
 		t.Errorf("radic checkpoint ck-1: %v; want node 0's third criu image", err)
+	}
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"radic_checkpoints_total 3", "radic_checkpoint_failures_total 0", "radic_checkpoint_seconds_count 3"} {
+		if !strings.Contains(string(mb), want+"\n") {
+			t.Errorf("node 0's metrics lack %q", want)
+		}
 	}
 	if out, err := c.radic("checkpoint", "nojob"); err == nil || !strings.Contains(out, "no node runs a rank") {
 		t.Errorf("radic checkpoint nojob: %v\n%s; want an error saying no node runs it", err, out)
