@@ -9,7 +9,9 @@
  * option reads as 0 (off, which is all it can be on such a socket) and
  * setting it to 0 succeeds. Every other call is the plain system call.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
