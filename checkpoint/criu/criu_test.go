@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -609,4 +610,36 @@ func TestCheckpointUnderTheShim(t *testing.T) {
 	r.restored(pids[0])
 	got := r.resumed(before.conn, before.step, last.step)
 	t.Logf("%d threads; dump %v, %d bytes raw; resumed at step %d", len(tasks), img.Stats.Dump, img.Stats.Bytes, got.step)
+}
+
+// TestPstreeIDs: the ids restore will need are read from CRIU's own
+// pstree.img (the bytes of a real one: a shell and its child, one thread
+// each), and a damaged file is an error, not a shorter list.
+func TestPstreeIDs(t *testing.T) {
+	img := []byte{0x19, 0x43, 0x56, 0x54, 0x30, 0x30, 0x27, 0x50,
+		0x12, 0, 0, 0, 0x08, 0x9c, 0xa2, 0x01, 0x10, 0x00, 0x18, 0x9c, 0xa2, 0x01, 0x20, 0x9c, 0xa2, 0x01, 0x28, 0x9c, 0xa2, 0x01,
+		0x14, 0, 0, 0, 0x08, 0x87, 0xb5, 0x01, 0x10, 0x85, 0xb3, 0x01, 0x18, 0x85, 0xb3, 0x01, 0x20, 0x85, 0xb3, 0x01, 0x28, 0x87, 0xb5, 0x01}
+	dir := t.TempDir()
+	write := func(b []byte) {
+		if err := os.WriteFile(filepath.Join(dir, "pstree.img"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(img)
+	got, err := pstreeIDs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{20764, 20764, 23175, 23175}; !slices.Equal(got, want) {
+		t.Errorf("pstreeIDs = %v, want %v", got, want)
+	}
+	for n := 9; n < len(img); n++ {
+		if n == 8+4+18 {
+			continue // a whole first entry is a valid image of one process
+		}
+		write(img[:n])
+		if ids, err := pstreeIDs(dir); err == nil {
+			t.Errorf("pstree.img cut to %d bytes: %v, no error", n, ids)
+		}
+	}
 }

@@ -39,7 +39,8 @@
 //
 // The image's manifest is read and every chunk checked while the files
 // are extracted; the image's pids and thread ids must be free (CRIU
-// restores them as they were), which is checked before CRIU runs and
+// restores them as they were): those the manifest lists and those in
+// CRIU's own pstree.img are checked before CRIU runs, and a clash is
 // reported as a checkpoint.PidsInUseError naming the holders. Then one
 // `criu restore -d --tcp-close --manage-cgroups=ignore` per tree, started
 // directly in the target cgroup (clone3 CLONE_INTO_CGROUP, so the restored

@@ -47,7 +47,16 @@ func (b *Backend) Restore(ctx context.Context, img *checkpoint.Image, target che
 	if err := image.Extract(img.Dir, m, files); err != nil {
 		return nil, fmt.Errorf("criu restore: %w", err)
 	}
-	if err := PidsFree(img.Dir, m); err != nil {
+	ids := m.Pids()
+	for i := range roots {
+		more, err := pstreeIDs(filepath.Join(files, "r"+strconv.Itoa(i)))
+		if err != nil {
+			return nil, fmt.Errorf("criu restore: %w: %v", image.ErrCorrupt, err)
+		}
+		ids = append(ids, more...)
+	}
+	slices.Sort(ids)
+	if err := PidsFree(img.Dir, slices.Compact(ids)); err != nil {
 		return nil, err
 	}
 	shellJobs := strings.Split(m.Meta[metaShellJob], ",")
@@ -99,12 +108,13 @@ func (b *Backend) Restore(ctx context.Context, img *checkpoint.Image, target che
 	return pids, nil
 }
 
-// PidsFree says whether every pid and thread id of the image m (in dir) is
-// free on this node: CRIU restores processes with the ids they had. It
-// returns a *checkpoint.PidsInUseError naming the holders when not.
-func PidsFree(dir string, m *image.Manifest) error {
+// PidsFree says whether every one of ids (the pids and thread ids of the
+// image in dir) is free on this node: CRIU restores processes with the ids
+// they had. It returns a *checkpoint.PidsInUseError naming the holders
+// when not.
+func PidsFree(dir string, ids []int) error {
 	var inUse []checkpoint.PidUse
-	for _, id := range m.Pids() {
+	for _, id := range ids {
 		// /proc/ID answers for thread ids too (they are just not listed).
 		if _, err := os.Stat(procDir(id)); err == nil {
 			inUse = append(inUse, checkpoint.PidUse{Pid: id, Comm: comm(id)})
