@@ -226,6 +226,9 @@ func (b *Backend) runCriu(ctx context.Context, args []string, logPath string, ta
 	cmd.Env = b.env()
 	cmd.Dir = "/"
 	cmd.ExtraFiles = extra
+	// A criu killed by the context must not leave Wait on its output
+	// pipe, held by whatever it had forked.
+	cmd.WaitDelay = 5 * time.Second
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if target != nil && target.Cgroup != "" {
