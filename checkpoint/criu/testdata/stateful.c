@@ -25,7 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef WORDS
 #define WORDS (1u << 20)
+#endif
 #define STRIDE 512 /* words per 4 KiB page */
 #define TOUCH 64   /* pages rewritten per step */
 
