@@ -1,0 +1,53 @@
+package protector
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestRecoveriesFollowPhases: a kill-rank recovery driven by node 1's own
+// machine is listed with its phase and since when it is in it, until it
+// ends.
+func TestRecoveriesFollowPhases(t *testing.T) {
+	m := newMachine(t, baseConfig(1))
+	if got := m.Recoveries(); len(got) != 0 {
+		t.Fatalf("Recoveries() before any failure = %v, want none", got)
+	}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	want := func(ph Phase, epoch uint64, to NodeID, since time.Time) []Progress {
+		return []Progress{{Group: 1, Cause: CauseProcess, From: 1, To: to, Epoch: epoch, Phase: ph, Start: at(10), Since: since, Attempts: min(int(epoch), 1)}}
+	}
+	check := func(step string, w []Progress) {
+		t.Helper()
+		m.Ready()
+		if d := cmp.Diff(w, m.Recoveries()); d != "" {
+			t.Errorf("after %s: Recoveries() (-want +got):\n%s", step, d)
+		}
+	}
+	if err := m.Exited(at(10), 1, 7); err != nil {
+		t.Fatal(err)
+	}
+	check("Exited", want(PhaseConfirm, 0, None, at(10)))
+	if err := m.Stopped(at(30), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The restart is ordered on this node at once.
+	check("Stopped", want(PhaseRestart, 1, 1, at(30)))
+	if err := m.Started(at(50), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	check("Started", want(PhaseReconnect, 1, 1, at(50)))
+	if err := m.Reconnected(at(70), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	check("Reconnected", want(PhaseReplay, 1, 1, at(70)))
+	if err := m.Live(at(90), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rd := m.Ready()
+	if got := m.Recoveries(); len(got) != 0 {
+		t.Errorf("Recoveries() after Live = %v, want none (records %v)", got, rd.Records)
+	}
+}
