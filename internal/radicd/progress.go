@@ -231,17 +231,19 @@ func eventOf(r protector.Record, fatal bool, replayed *uint64) RecoveryEvent {
 	if r.Err == nil {
 		return ev
 	}
+	// The event names the group and phase; the text is the reason.
+	why := r.Err.Error()
 	var re *protector.RecoveryError
 	if errors.As(r.Err, &re) {
-		ev.Phase = re.Phase.String()
+		ev.Phase, why = re.Phase.String(), re.Err.Error()
 	}
 	switch {
 	case errors.Is(r.Err, protector.ErrNoProtector) || errors.Is(r.Err, protector.ErrUnprotected):
-		ev.Warning = r.Err.Error()
+		ev.Warning = why
 	case fatal:
-		ev.Error = r.Err.Error()
+		ev.Error = why
 	default:
-		ev.Warning = fmt.Sprintf("%v; the recovery starts again", r.Err)
+		ev.Warning = why + "; the recovery starts again"
 	}
 	return ev
 }
@@ -268,8 +270,11 @@ func (e *recoveryEdge) noteReady(rd protector.Ready, now time.Time) {
 func failedEvent(a protector.Action, now time.Time) RecoveryEvent {
 	ev := RecoveryEvent{Group: int(a.Group), Phase: a.Phase.String(), Error: a.Err.Error(), Start: now, From: -1, To: -1}
 	var re *protector.RecoveryError
-	if errors.As(a.Err, &re) && re.Node != protector.None {
-		ev.From = int(re.Node)
+	if errors.As(a.Err, &re) {
+		ev.Error = re.Err.Error()
+		if re.Node != protector.None {
+			ev.From = int(re.Node)
+		}
 	}
 	return ev
 }
