@@ -1,8 +1,12 @@
 package radicd_test
 
 import (
+	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,6 +76,41 @@ func (c *netnsCluster) startJob(args ...string) (*lockedBuffer, func() int) {
 	}
 }
 
+// metricSum sums a metric over the cluster's daemons that answer (a
+// killed node's address takes no connection: skipped after 300 ms).
+func (c *netnsCluster) metricSum(name, labels string) float64 {
+	sum := 0.0
+	for _, n := range c.state().Nodes {
+		_, maddr := c.daemon(n.ID)
+		conn, err := net.DialTimeout("tcp", maddr, 300*time.Millisecond)
+		if err != nil {
+			continue
+		}
+		conn.Close()
+		if v, err := scrape(maddr, name, labels); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// waitMetric waits up to 5 s for a metric's sum over the cluster to be want.
+func (c *netnsCluster) waitMetric(t *testing.T, name, labels string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := c.metricSum(name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s{%s} = %v over the cluster, want %v", name, labels, got, want)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func waitOutput(t *testing.T, out *lockedBuffer, s string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -114,8 +153,34 @@ func TestRestartLostRank(t *testing.T) {
 		if a := c.state().Nodes[1].Addr; !strings.Contains(out.String(), "[rank 1] r1 on "+a+"/16 done") {
 			t.Errorf("rank 1 did not end on its node (%s):\n%s", a, out.String())
 		}
-		if !regexp.MustCompile(`radic run: a rank of node 1 died at [0-9:.]+; rank 1 restarted on node 1 in [0-9.]+ s`).MatchString(out.String()) {
+		if !regexp.MustCompile(`radic run: a rank of node 1 died at [0-9:.]+; rank 1 restarted on node 1 in [0-9.]+ s; live again\n`).MatchString(out.String()) {
 			t.Errorf("no recovery event in the output:\n%s", out.String())
+		}
+		// The recovery's series, on the node that drove it (node 1 itself).
+		c.waitMetric(t, "radic_recoveries_total", `cause="process",result="ok"`, 1)
+		for _, m := range []struct{ name, labels string }{
+			{"radic_recovery_seconds_count", ""},
+			{"radic_recovery_phase_seconds_count", `phase="confirm"`},
+			{"radic_recovery_phase_seconds_count", `phase="restart"`},
+		} {
+			if v := c.metricSum(m.name, m.labels); v < 1 {
+				t.Errorf("%s{%s} = %v over the cluster, want >= 1", m.name, m.labels, v)
+			}
+		}
+		if v := c.metricSum("radic_recoveries_total", `result="failed"`); v != 0 {
+			t.Errorf("radic_recoveries_total{result=\"failed\"} = %v, want 0", v)
+		}
+		_, maddr := c.daemon(0)
+		have := metricFamilies(t, maddr)
+		for _, want := range []string{"radic_recovery_phase_seconds", "radic_replay_bytes_total", "radic_divergences_total", "radic_log_bytes", "radic_log_records"} {
+			if !slices.Contains(have, want) {
+				t.Errorf("node 0 does not export %s", want)
+			}
+		}
+		// radic status (the cluster's daemons) shows it among the recent ones.
+		st, err := c.radic("status")
+		if err != nil || !regexp.MustCompile(`recent recoveries:\n(  .*\n)*  a rank of node 1 died at [0-9:.]+; the ranks of node 1 restarted on node 1 in [0-9.]+ s; live again\n`).MatchString(st) {
+			t.Errorf("radic status: %v\n%s", err, st)
 		}
 	})
 	t.Run("kill-rank-without-recovery", func(t *testing.T) {
@@ -146,9 +211,23 @@ func TestRestartLostRank(t *testing.T) {
 		if !strings.Contains(out.String(), "[rank 1] r1 on "+spare+"/16 done") {
 			t.Errorf("rank 1 did not end on the spare %s:\n%s", spare, out.String())
 		}
-		if !regexp.MustCompile(`radic run: node 1 died at [0-9:.]+; rank 1 restarted on node 2 in [0-9.]+ s`).MatchString(out.String()) {
+		if !regexp.MustCompile(`radic run: node 1 died at [0-9:.]+; rank 1 restarted on node 2 in [0-9.]+ s; live again\n`).MatchString(out.String()) {
 			t.Errorf("no recovery event in the output:\n%s", out.String())
 		}
 		t.Logf("other lines: %q", other)
+		c.waitMetric(t, "radic_recoveries_total", `cause="node",result="ok"`, 1)
+		// (detect is 0, not observed, on a recoverer that was not the
+		// dead node's watchdog: it learns the declaration.)
+		if v := c.metricSum("radic_recovery_phase_seconds_count", `phase="restart"`); v < 1 {
+			t.Errorf("radic_recovery_phase_seconds_count{phase=\"restart\"} = %v over the live nodes, want >= 1", v)
+		}
+		// One daemon's address is enough: no cluster state needed.
+		_, maddr := c.daemon(2)
+		cmd := exec.Command(radicBin, "status", "--addr", maddr)
+		cmd.Env = append(os.Environ(), "RADIC_STATE_DIR="+filepath.Join(t.TempDir(), "none"))
+		b, _ := cmd.CombinedOutput() // exit 3: node 1 is dead
+		if !regexp.MustCompile(`  node 1 died at [0-9:.]+; the ranks of node 1 restarted on node 2 in [0-9.]+ s; live again\n`).Match(b) {
+			t.Errorf("radic status --addr %s:\n%s", maddr, b)
+		}
 	})
 }
