@@ -17,7 +17,9 @@ type Progress struct {
 	Attempts int       // restart targets tried so far
 }
 
-// Recoveries lists the recoveries this machine drives, by group. Only the
+// Recoveries lists the recoveries this machine drives, by group, and
+// those it will drive once their host's death is confirmed (declared by
+// the heartbeat, waiting for its fence: PhaseConfirm, To None). Only the
 // recoverer knows a recovery's phases; other machines see its placement.
 func (m *Machine) Recoveries() []Progress {
 	var out []Progress
@@ -25,6 +27,15 @@ func (m *Machine) Recoveries() []Progress {
 		g := m.groups[id]
 		r := g.rec
 		if r == nil {
+			n := m.nodes[g.Host]
+			if g.failed || g.Host == m.self || n == nil || !n.declared || n.dead || m.fenced {
+				continue
+			}
+			if who, _ := m.steward(g); who != m.self {
+				continue
+			}
+			out = append(out, Progress{Group: id, Cause: CauseNode, From: g.Host, To: None, Epoch: g.Epoch,
+				Phase: PhaseConfirm, Start: m.detectStart(n), Since: n.declaredAt})
 			continue
 		}
 		p := Progress{Group: id, Cause: r.cause, From: r.oldHost, To: r.target, Epoch: r.epoch,

@@ -51,3 +51,40 @@ func TestRecoveriesFollowPhases(t *testing.T) {
 		t.Errorf("Recoveries() after Live = %v, want none (records %v)", got, rd.Records)
 	}
 }
+
+// TestRecoveriesWhileConfirming: a declared node's group is listed by its
+// steward (the recoverer to be) in PhaseConfirm until the death is
+// confirmed, then in PhaseRestart; no other machine lists it.
+func TestRecoveriesWhileConfirming(t *testing.T) {
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ms := map[NodeID]*Machine{}
+	for _, id := range []NodeID{0, 2} {
+		ms[id] = newMachine(t, baseConfig(id))
+	}
+	for id, m := range ms {
+		m.View(at(100), []NodeID{0, 2, 3, 4})
+		m.Suspect(at(50), 1)
+		m.Declared(at(300), 1, false)
+		m.Ready()
+		if id == 0 {
+			if got := m.Recoveries(); len(got) != 0 {
+				t.Errorf("node 0 (not group 1's steward) lists %v", got)
+			}
+		}
+	}
+	m := ms[2]
+	cfg := m.Config()
+	want := []Progress{{Group: 1, Cause: CauseNode, From: 1, To: None, Phase: PhaseConfirm, Start: at(50), Since: at(300)}}
+	if d := cmp.Diff(want, m.Recoveries()); d != "" {
+		t.Errorf("declared, not confirmed: Recoveries() (-want +got):\n%s", d)
+	}
+	done := at(100).Add(cfg.DeclareTimeout)
+	for now := at(400); !now.After(done); now = now.Add(100 * time.Millisecond) {
+		m.Tick(now) // at least every FenceTimeout, or the machine takes itself as stalled
+	}
+	m.Ready()
+	got := m.Recoveries()
+	if len(got) != 1 || got[0].Phase != PhaseRestart || got[0].Start != at(50) || got[0].Since != done {
+		t.Errorf("confirmed: Recoveries() = %+v, want group 1 in restart since %v", got, done)
+	}
+}
