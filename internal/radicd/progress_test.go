@@ -9,7 +9,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/internal/launch"
+	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/protector"
 )
 
@@ -205,4 +207,38 @@ func value(t *testing.T, c prometheus.Collector) float64 {
 		return ms[0].GetCounter().GetValue()
 	}
 	return ms[0].GetGauge().GetValue()
+}
+
+// TestLogTotals: radic_log_bytes and radic_log_records count what the
+// stores hold of the protected processes' logs, launch records excluded,
+// over every protected node.
+func TestLogTotals(t *testing.T) {
+	ss, err := openStores(t.TempDir(), msglog.Options{Sync: msglog.SyncNever}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	rec := &launch.Record{Version: 1, Job: "j", Rank: 0, Node: 1, Path: "/bin/true"}
+	lr, err := launch.Encode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for node, recs := range map[int][]msglog.Record{
+		1: {lr, {Kind: msglog.KindData, Owner: 5, Stream: 1, Offset: 0, Payload: make([]byte, 1000)},
+			{Kind: msglog.KindData, Owner: 5, Stream: 1, Offset: 1000, Payload: make([]byte, 500)},
+			{Kind: msglog.KindDeterminant, Owner: 5, Stream: 2, Offset: 0, Payload: make([]byte, 40)}},
+		2: {{Kind: msglog.KindData, Owner: 9, Stream: 1, Offset: 0, Payload: make([]byte, 60)}},
+	} {
+		st, err := ss.get(heartbeat.NodeID(node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.AppendBatch(recs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, r := ss.logTotals()
+	if b != 1000+500+40+60 || r != 4 {
+		t.Errorf("logTotals() = %d bytes, %d records; want 1600, 4", b, r)
+	}
 }
