@@ -1,7 +1,10 @@
 package radicd_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/internal/clustertest"
+	"github.com/radic-project/radic/internal/radicd"
 )
 
 // counter is a deterministic rank that uses no sockets: 30 numbered
@@ -74,6 +78,45 @@ func (c *netnsCluster) startJob(args ...string) (*lockedBuffer, func() int) {
 		}
 		return 0
 	}
+}
+
+// watchRecovery polls a radicd's /status until it has shown group's
+// recovery under way and then not, or for at most d; it returns the
+// phases it saw, in order ("confirm 1->?", "restart 1->2", ...).
+func watchRecovery(addr string, group int, d time.Duration) []string {
+	var seen []string
+	cl := &http.Client{Timeout: time.Second}
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		resp, err := cl.Get("http://" + addr + "/status")
+		if err != nil {
+			continue
+		}
+		var st radicd.NodeStatus
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil || st.Recovery == nil {
+			continue
+		}
+		now := false
+		for _, p := range st.Recovery.InProgress {
+			if p.Group != group {
+				continue
+			}
+			now = true
+			to := "?"
+			if p.To >= 0 {
+				to = strconv.Itoa(p.To)
+			}
+			ph := fmt.Sprintf("%s %d->%s", p.Phase, p.From, to)
+			if len(seen) == 0 || seen[len(seen)-1] != ph {
+				seen = append(seen, ph)
+			}
+		}
+		if !now && len(seen) > 0 {
+			break
+		}
+	}
+	return seen
 }
 
 // metricSum sums a metric over the cluster's daemons that answer (a
@@ -198,10 +241,20 @@ func TestRestartLostRank(t *testing.T) {
 		out, wait := c.startJob(run...)
 		clustertest.WaitRanks(t, c.dir, 2)
 		waitOutput(t, out, "r1 8\n")
+		// The spare's radicd (neither the recoverer nor the dead node)
+		// shows the recovery under way: its recoverer pushes it.
+		_, spareMetrics := c.daemon(2)
+		phases := make(chan []string, 1)
+		go func() { phases <- watchRecovery(spareMetrics, 1, 10*time.Second) }()
 		if o, err := c.radic("fault", "kill-node", "1"); err != nil {
 			t.Fatalf("kill-node 1: %v\n%s", err, o)
 		}
 		code := wait()
+		if seen := <-phases; len(seen) == 0 {
+			t.Errorf("node 2's /status never showed the recovery of group 1 under way")
+		} else {
+			t.Logf("recovery of group 1 under way, as node 2 showed it: %v", seen)
+		}
 		got, other := counterLines(out.String())
 		if code != 0 || got != want {
 			t.Fatalf("status %d, numbered lines:\n%s\nwhole output:\n%s", code, got, out.String())
