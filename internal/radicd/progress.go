@@ -35,7 +35,9 @@ const (
 )
 
 type progressReport struct {
-	By   int                       `json:"by"`
+	By int `json:"by"`
+	// At orders one recoverer's reports (pushes may overtake each other).
+	At   time.Time                 `json:"at"`
 	List []launch.RecoveryProgress `json:"list"`
 }
 
@@ -115,7 +117,7 @@ func (d *Daemon) publishProgress(ps []protector.Progress, now time.Time) {
 		return
 	}
 	b.mine, b.minePushed = list, now
-	rep := progressReport{By: d.cfg.Node, List: list}
+	rep := progressReport{By: d.cfg.Node, At: now, List: list}
 	b.reports[d.cfg.Node], b.heard[d.cfg.Node] = rep, now
 	b.mu.Unlock()
 	go d.pushAll("/v1/recovery/progress", rep)
@@ -162,6 +164,17 @@ func (b *progressBook) gcLocked(now time.Time) {
 			delete(b.replayPushed, k)
 		}
 	}
+}
+
+// learn keeps a recoverer's report unless a later one is there already
+// (and not stale: a restarted radicd's clock may be behind).
+func (b *progressBook) learn(rep progressReport, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.reports[rep.By]; ok && rep.At.Before(old.At) && now.Sub(b.heard[rep.By]) <= progressStale {
+		return
+	}
+	b.reports[rep.By], b.heard[rep.By] = rep, now
 }
 
 // replayed is how many bytes group replayed at epoch, if it was reported.
@@ -285,10 +298,7 @@ func (d *Daemon) progressRoutes(mux *http.ServeMux) {
 		if !decodeJSON(w, r, &rep) {
 			return
 		}
-		b := d.prog
-		b.mu.Lock()
-		b.reports[rep.By], b.heard[rep.By] = rep, time.Now()
-		b.mu.Unlock()
+		d.prog.learn(rep, time.Now())
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /v1/recovery/replay", func(w http.ResponseWriter, r *http.Request) {

@@ -154,6 +154,11 @@ func TestProgressBook(t *testing.T) {
 	if got := d.prog.status(now); len(got) != 1 || got[0].By != 3 {
 		t.Errorf("status with an older report of group 2 = %+v, want node 3's", got)
 	}
+	// A report overtaken by a later one is ignored.
+	d.prog.learn(progressReport{By: 3, At: now.Add(-time.Millisecond)}, now)
+	if got := d.prog.status(now); len(got) != 1 || got[0].By != 3 {
+		t.Errorf("status after an overtaken report = %+v, want node 3's", got)
+	}
 	// The recovery ended: the next step's empty list replaces the report.
 	d.publishProgress(nil, now.Add(ms(50)))
 	if got := d.prog.status(now); len(got) != 1 || got[0].By != 1 {
