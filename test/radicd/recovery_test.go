@@ -226,6 +226,22 @@ func TestRestartLostRank(t *testing.T) {
 			t.Errorf("radic status: %v\n%s", err, st)
 		}
 	})
+	t.Run("kill-rank-divergent", func(t *testing.T) {
+		// Each instance prints the clock: the restarted one's output
+		// differs from what was delivered, and the job stops.
+		clock := `i=0; while [ $i -lt 30 ]; do echo "r$RADIC_RANK $i $(date +%s%N)"; i=$((i+1)); sleep 0.05; done`
+		out, wait := c.startJob("--np", "2", "--tag-output", "--no-radic", "--recovery", "--", "/bin/sh", "-c", clock)
+		clustertest.WaitRanks(t, c.dir, 2)
+		waitOutput(t, out, "r1 8 ")
+		before := c.metricSum("radic_divergences_total", `where="output"`)
+		if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
+			t.Fatalf("kill-rank 1: %v\n%s", err, o)
+		}
+		if code := wait(); code == 0 || !strings.Contains(out.String(), "rank 1 diverged after its restart") {
+			t.Fatalf("status %d, want the divergence; output:\n%s", code, out.String())
+		}
+		c.waitMetric(t, "radic_divergences_total", `where="output"`, before+1)
+	})
 	t.Run("kill-rank-without-recovery", func(t *testing.T) {
 		out, wait := c.startJob("--np", "2", "--tag-output", "--no-radic", "--", "/bin/sh", "-c", counter)
 		clustertest.WaitRanks(t, c.dir, 2)
