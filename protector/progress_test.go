@@ -88,3 +88,27 @@ func TestRecoveriesWhileConfirming(t *testing.T) {
 		t.Errorf("confirmed: Recoveries() = %+v, want group 1 in restart since %v", got, done)
 	}
 }
+
+// TestDetectStartForgetsHealedSigns: a refuted suspicion and an absence
+// that healed do not start a later failure's detect phase.
+func TestDetectStartForgetsHealedSigns(t *testing.T) {
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	m := newMachine(t, baseConfig(2))
+	all := []NodeID{0, 1, 2, 3, 4}
+	tick := func(from, to int, reach []NodeID) {
+		for ms := from; ms <= to; ms += 100 {
+			m.View(at(ms), reach)
+		}
+	}
+	m.Suspect(at(50), 1)
+	m.Refuted(at(80), 1)
+	tick(100, 1000, all)
+	tick(1100, 1100, []NodeID{0, 2, 3, 4}) // a blip
+	tick(1200, 3000, all)
+	tick(3100, 3100, []NodeID{0, 2, 3, 4}) // the death
+	m.Declared(at(3150), 1, false)
+	got := m.Recoveries()
+	if len(got) != 1 || got[0].Start != at(3100) {
+		t.Fatalf("Recoveries() = %+v, want group 1 from %v (its last absence)", got, at(3100))
+	}
+}
