@@ -484,3 +484,6 @@ func later(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// NextTick is when Tick has work next (zero: nothing active).
+func (n *Node) NextTick() time.Time { return n.nextDeadline() }

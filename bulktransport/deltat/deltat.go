@@ -207,7 +207,14 @@ func (e *Endpoint) Ready() Ready {
 // "fragmented copy" protocol); tag comes back in Ready.Acked or
 // Ready.Failures.
 func (e *Endpoint) Send(now time.Time, peer Peer, msg []byte, tag uint64) error {
-	if len(msg) > MaxMessage {
+	return e.SendPrefixed(now, peer, nil, msg, tag)
+}
+
+// SendPrefixed sends prefix followed by msg as one message, copying each
+// once, straight into the segments.
+func (e *Endpoint) SendPrefixed(now time.Time, peer Peer, prefix, msg []byte, tag uint64) error {
+	total := len(prefix) + len(msg)
+	if total > MaxMessage {
 		return ErrTooLarge
 	}
 	s := e.send[peer]
@@ -229,14 +236,21 @@ func (e *Endpoint) Send(now time.Time, peer Peer, msg []byte, tag uint64) error 
 		e.Stats.SendRecords++
 	}
 	for off := 0; ; off += SegData {
-		n := min(SegData, len(msg)-off)
-		eom := off+n == len(msg)
+		n := min(SegData, total-off)
+		eom := off+n == total
 		g := &seg{seq: s.next, tag: tag, eom: eom}
 		flags := uint8(FlagData)
 		if eom {
 			flags |= FlagEOM
 		}
-		g.pkt = Append(make([]byte, 0, HeaderLen+n), Header{Flags: flags, Seq: uint32(g.seq)}, msg[off:off+n])
+		b := Append(make([]byte, 0, HeaderLen+n), Header{Flags: flags, Seq: uint32(g.seq)}, nil)
+		if off < len(prefix) {
+			b = append(b, prefix[off:min(len(prefix), off+n)]...)
+		}
+		if end := off + n - len(prefix); end > 0 {
+			b = append(b, msg[max(0, off-len(prefix)):end]...)
+		}
+		g.pkt = b
 		s.segs = append(s.segs, g)
 		s.next++
 		if eom {
@@ -246,6 +260,9 @@ func (e *Endpoint) Send(now time.Time, peer Peer, msg []byte, tag uint64) error 
 	e.pump(now, s)
 	return nil
 }
+
+// Has reports whether the endpoint holds a record for peer.
+func (e *Endpoint) Has(peer Peer) bool { return e.send[peer] != nil || e.recv[peer] != nil }
 
 // pump transmits unsent segments that fit the window.
 func (e *Endpoint) pump(now time.Time, s *sendRecord) {
@@ -569,4 +586,12 @@ func (h *timerHeap) Pop() any {
 		*h = nil
 	}
 	return t
+}
+
+// NextTick is when Tick has work next (zero: no timers).
+func (e *Endpoint) NextTick() time.Time {
+	if len(e.timers) == 0 {
+		return time.Time{}
+	}
+	return e.timers[0].at
 }

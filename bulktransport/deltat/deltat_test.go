@@ -374,3 +374,18 @@ func BenchmarkSendDeliver(b *testing.B) {
 		})
 	}
 }
+
+// SendPrefixed sends prefix+msg as one message across segment
+// boundaries.
+func TestSendPrefixed(t *testing.T) {
+	for _, plen := range []int{0, 1, SegData - 1, SegData, SegData + 5} {
+		a, b := newEP(t, Config{}), newEP(t, Config{})
+		prefix := bytes.Repeat([]byte{'p'}, plen)
+		msg := bytes.Repeat([]byte{'m'}, 2*SegData+3)
+		a.SendPrefixed(t0, 2, prefix, msg, 1)
+		rb := deliver(t, t0, 1, a.Ready(), b)
+		if len(rb.Messages) != 1 || !bytes.Equal(rb.Messages[0].Data, append(prefix, msg...)) {
+			t.Fatalf("prefix %d: got %d messages", plen, len(rb.Messages))
+		}
+	}
+}

@@ -219,6 +219,16 @@ func (r *Reassembler) drop(k Key, p *partial) {
 	}
 }
 
+// NextTick is the earliest expiry of a partial datagram (zero: none).
+func (r *Reassembler) NextTick() (next time.Time) {
+	for _, p := range r.pending {
+		if exp := p.start.Add(r.Timeout); next.IsZero() || exp.Before(next) {
+			next = exp
+		}
+	}
+	return next
+}
+
 // Tick discards partial datagrams older than Timeout and returns the
 // earliest time Tick has more to do (zero when nothing is pending).
 func (r *Reassembler) Tick(now time.Time) (next time.Time) {
