@@ -41,11 +41,11 @@ func (p Protocol) String() string {
 }
 
 // Message kinds: the first byte of every delta-t message this layer
-// sends.
+// sends (exported for trace decoders).
 const (
-	kindApp     = 1 // application data follows
-	kindAppMeta = 2 // 24 bytes of metadata, then application data
-	kindBulk    = 3 // a bulk control message follows
+	KindApp     = 1 // application data follows
+	KindAppMeta = 2 // 24 bytes of metadata, then application data
+	KindBulk    = 3 // a bulk control message follows
 )
 
 // DefaultBulkMin is the size from which messages go by bulk remote get.
@@ -224,10 +224,10 @@ func (e *Endpoint) WriteMsg(now time.Time, m Msg) (uint64, error) {
 		}
 	default:
 		var prefix [1 + bulk.MetaLen]byte
-		prefix[0] = kindApp
+		prefix[0] = KindApp
 		p := prefix[:1]
 		if meta {
-			prefix[0] = kindAppMeta
+			prefix[0] = KindAppMeta
 			copy(prefix[1:], m.Meta[:])
 			p = prefix[:]
 		}
@@ -348,7 +348,7 @@ func (e *Endpoint) drain(now time.Time) {
 	for range 8 { // bulk control feeds delta-t and back; settles in a few rounds
 		b := e.bk.Ready()
 		for _, c := range b.Control {
-			e.dt.SendPrefixed(now, deltat.Peer(c.To), []byte{kindBulk}, c.B, 0)
+			e.dt.SendPrefixed(now, deltat.Peer(c.To), []byte{KindBulk}, c.B, 0)
 		}
 		for _, p := range b.Packets {
 			e.packet(netsim.NodeID(p.To), netsim.ProtoBulk, p.Head, p.Body)
@@ -398,13 +398,13 @@ func (e *Endpoint) deliver(now time.Time, m deltat.Message) bool {
 	}
 	from := netsim.NodeID(m.From)
 	switch m.Data[0] {
-	case kindApp:
+	case KindApp:
 		proto := Short
 		if len(m.Data) > deltat.SegData {
 			proto = Copy
 		}
 		e.inbox = append(e.inbox, Msg{Peer: from, Data: m.Data[1:], Proto: proto})
-	case kindAppMeta:
+	case KindAppMeta:
 		if len(m.Data) < 1+bulk.MetaLen {
 			return false
 		}
@@ -414,7 +414,7 @@ func (e *Endpoint) deliver(now time.Time, m deltat.Message) bool {
 		}
 		copy(msg.Meta[:], m.Data[1:])
 		e.inbox = append(e.inbox, msg)
-	case kindBulk:
+	case KindBulk:
 		if from <= bulk.MaxNode {
 			e.bk.StepControl(now, uint16(from), m.Data[1:])
 			return true

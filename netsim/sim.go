@@ -31,6 +31,10 @@ type SimConfig struct {
 	Faults     Faults
 	Seed       uint64
 	Start      time.Time // virtual time zero (default Unix 1e9)
+	// Tap, if set, sees every packet put on a network (torus packets as
+	// sent, before faults; collective packets on every link), for traces.
+	// It must not keep or modify pkt.
+	Tap func(now time.Time, pkt []byte)
 }
 
 // SimStats counts what the network did.
@@ -140,6 +144,9 @@ func (s *Sim) Send(pkt []byte) error {
 	}
 	src := s.cfg.Shape.ID(h.Src)
 	s.Stats.Sent++
+	if s.cfg.Tap != nil {
+		s.cfg.Tap(s.Now(), pkt)
+	}
 	f := s.cfg.Faults
 	if f.Drop > 0 && s.rng.Float64() < f.Drop {
 		s.Stats.Dropped++
@@ -203,6 +210,9 @@ func (s *Sim) drainSwitch(id NodeID, sw *Switch) {
 	}
 	for _, snd := range sends {
 		s.Stats.TreeSent++
+		if s.cfg.Tap != nil {
+			s.cfg.Tap(s.Now(), snd.Pkt)
+		}
 		s.push(event{at: s.now + int64(s.cfg.HopLatency), kind: evTree, node: snd.To, from: id, pkt: snd.Pkt})
 	}
 }

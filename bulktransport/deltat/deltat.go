@@ -240,6 +240,9 @@ func (e *Endpoint) SendPrefixed(now time.Time, peer Peer, prefix, msg []byte, ta
 		eom := off+n == total
 		g := &seg{seq: s.next, tag: tag, eom: eom}
 		flags := uint8(FlagData)
+		if off == 0 {
+			flags |= FlagBOM
+		}
 		if eom {
 			flags |= FlagEOM
 		}

@@ -10,7 +10,7 @@ import (
 // Wire format of one delta-t packet (big endian), the payload of one torus
 // packet:
 //
-//	0  flags    1   DRF, EOM, ACK, DATA
+//	0  flags    1   DRF, EOM, ACK, DATA, BOM
 //	1  reserved 1   zero
 //	2  window   2   segments the sender of this packet will buffer (with ACK)
 //	4  seq      4   sequence number of the data segment (with DATA)
@@ -36,8 +36,12 @@ const (
 	FlagACK = 1 << 2
 	// FlagData says the packet carries a segment (seq and data valid).
 	FlagData = 1 << 3
+	// FlagBOM marks the first segment of a message. The receiver does not
+	// need it (it reassembles in sequence order); it lets a trace decoder
+	// find message boundaries in a single packet.
+	FlagBOM = 1 << 4
 
-	knownFlags = FlagDRF | FlagEOM | FlagACK | FlagData
+	knownFlags = FlagDRF | FlagEOM | FlagACK | FlagData | FlagBOM
 )
 
 // Errors.
@@ -75,7 +79,7 @@ func Decode(b []byte) (h Header, data []byte, err error) {
 		return h, nil, fmt.Errorf("%w: flags %#x", ErrBadPacket, h.Flags)
 	case h.Flags&(FlagACK|FlagData) == 0:
 		return h, nil, fmt.Errorf("%w: neither data nor ack", ErrBadPacket)
-	case h.Flags&FlagData == 0 && (len(data) > 0 || h.Flags&(FlagDRF|FlagEOM) != 0):
+	case h.Flags&FlagData == 0 && (len(data) > 0 || h.Flags&(FlagDRF|FlagEOM|FlagBOM) != 0):
 		return h, nil, fmt.Errorf("%w: segment fields on a pure ack", ErrBadPacket)
 	case len(data) > SegData:
 		return h, nil, fmt.Errorf("%w: %d data bytes", ErrBadPacket, len(data))
