@@ -59,8 +59,7 @@ type Node struct {
 	done chan struct{}
 }
 
-// ErrClosed is returned after Close.
-var ErrClosed = errors.New("udplink: closed")
+var _ netsim.Link = (*Node)(nil)
 
 // Listen binds the node's socket and starts its receive goroutine. Peers
 // must be set before packets can leave.
