@@ -253,3 +253,24 @@ func BenchmarkTransfer64K(b *testing.B) {
 		}
 	}
 }
+
+func FuzzDecodeDataPath(f *testing.F) {
+	f.Add(AppendRGet(nil, 7, 0, 4096))
+	f.Add(append(AppendDataHeader(nil, OpData, 7, ChunkData), 1, 2, 3))
+	f.Add(AppendDataHeader(nil, OpRNak, 7, 0))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := DecodeDataPath(b)
+		if err != nil {
+			return
+		}
+		var again []byte
+		if p.Op == OpRGet {
+			again = AppendRGet(nil, p.Tag, p.Offset, p.Length)
+		} else {
+			again = append(AppendDataHeader(nil, p.Op, p.Tag, p.Offset), p.Data...)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("re-encoded %x, want %x", again, b)
+		}
+	})
+}
