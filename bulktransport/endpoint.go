@@ -345,7 +345,11 @@ func (e *Endpoint) forgetIdlePeers() {
 // messages to the inbox or the bulk core, bulk control into delta-t and
 // bulk data to the wire, completions to Results.
 func (e *Endpoint) drain(now time.Time) {
-	for range 8 { // bulk control feeds delta-t and back; settles in a few rounds
+	for {
+		// Bulk control goes into delta-t, and delta-t delivers bulk
+		// control to the bulk core, which may answer: loop until both
+		// are empty. Each round only answers messages delivered in the
+		// previous one, so it ends.
 		b := e.bk.Ready()
 		for _, c := range b.Control {
 			e.dt.SendPrefixed(now, deltat.Peer(c.To), []byte{KindBulk}, c.B, 0)
@@ -368,9 +372,9 @@ func (e *Endpoint) drain(now time.Time) {
 		for _, p := range d.Packets {
 			e.packet(netsim.NodeID(p.To), netsim.ProtoDeltaT, p.B, nil)
 		}
-		for _, tag := range d.Acked {
-			if tag != 0 {
-				e.out.Results = append(e.out.Results, Result{ID: tag, Err: nil})
+		for _, a := range d.Acked {
+			if a.Tag != 0 {
+				e.out.Results = append(e.out.Results, Result{ID: a.Tag, Peer: netsim.NodeID(a.Peer)})
 			}
 		}
 		for _, f := range d.Failures {

@@ -169,8 +169,8 @@ func TestEndToEndUnderFaults(t *testing.T) {
 	ok := 0
 	for _, rs := range m.results {
 		for _, r := range rs {
-			if r.Err != nil {
-				t.Fatalf("result %+v", r)
+			if r.Err != nil || r.Peer != 0 {
+				t.Fatalf("result %+v, want success from node 0", r)
 			}
 			ok++
 		}

@@ -106,12 +106,19 @@ type Failure struct {
 	Tags []uint64
 }
 
+// Acked reports a message the peer has received (its last segment is
+// acknowledged). Tag is the one passed to Send.
+type Acked struct {
+	Peer Peer
+	Tag  uint64
+}
+
 // Ready is what the core wants done.
 type Ready struct {
 	Packets  []Packet
 	Messages []Message
 	Failures []Failure
-	Acked    []uint64 // tags of messages fully acknowledged
+	Acked    []Acked // messages fully acknowledged
 	NextTick time.Time
 }
 
@@ -320,7 +327,7 @@ func (e *Endpoint) ack(now time.Time, from Peer, h Header) {
 	n := int(s.una.Size(ack))
 	for _, g := range s.segs[:n] {
 		if g.eom {
-			e.out.Acked = append(e.out.Acked, g.tag)
+			e.out.Acked = append(e.out.Acked, Acked{from, g.tag})
 		}
 	}
 	clear(s.segs[:n])

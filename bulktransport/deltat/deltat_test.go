@@ -64,8 +64,8 @@ func TestFirstPacketCarriesData(t *testing.T) {
 	}
 	b.Tick(t0.Add(DefaultA))
 	ra = deliver(t, t0.Add(DefaultA), 2, b.Ready(), a)
-	if len(ra.Acked) != 1 || ra.Acked[0] != 7 {
-		t.Fatalf("acked %v, want [7]", ra.Acked)
+	if len(ra.Acked) != 1 || ra.Acked[0] != (Acked{2, 7}) {
+		t.Fatalf("acked %v, want message 7 by peer 2", ra.Acked)
 	}
 }
 
@@ -251,7 +251,7 @@ type world struct {
 	timer []time.Time
 	got   [][]Message
 	fail  []Failure
-	acked []uint64
+	acked []Acked
 }
 
 func newWorld(t *testing.T, sh netsim.Shape, f netsim.Faults, seed uint64, cfg Config) *world {
