@@ -192,11 +192,16 @@ func (e *Endpoint) peer(id netsim.NodeID) *peer {
 }
 
 // packet builds a torus packet to id: the single copy of the payload onto
-// the wire.
-func (e *Endpoint) packet(id netsim.NodeID, proto netsim.Proto, head, body []byte) {
-	p := e.peer(id)
+// the wire. With cache, the header comes from the resolved peer; a packet
+// that leaves no protocol state behind (an RNak) must not resolve one, as
+// no timer would forget it.
+func (e *Endpoint) packet(id netsim.NodeID, proto netsim.Proto, head, body []byte, cache bool) {
 	b := make([]byte, 0, netsim.TorusHeaderLen+len(head)+len(body))
-	b = append(b, p.hdr[:]...)
+	if cache {
+		b = append(b, e.peer(id).hdr[:]...)
+	} else {
+		b = netsim.AppendTorus(b, netsim.TorusHeader{Src: e.self, Dst: e.cfg.Shape.Coord(id)}, nil)
+	}
 	b = append(append(b, head...), body...)
 	b[1], b[3] = byte(proto), byte(len(head)+len(body))
 	e.out.Packets = append(e.out.Packets, b)
@@ -263,9 +268,17 @@ func (e *Endpoint) Release(m Msg) {
 }
 
 // SendDatagram sends data (up to 64 KiB) unreliably, fragmented; for
-// traffic that is repeated anyway, like heartbeats.
+// traffic that is repeated anyway, like heartbeats. It keeps no state for
+// dst (the torus header is built here, not cached: no timer would forget
+// it).
 func (e *Endpoint) SendDatagram(dst netsim.NodeID, data []byte) error {
-	return e.fs.Split(data, func(f []byte) { e.packet(dst, netsim.ProtoFrag, f, nil) })
+	if int(dst) >= e.cfg.Shape.Nodes() {
+		return fmt.Errorf("%w: node %d", bulk.ErrNode, dst)
+	}
+	h := netsim.TorusHeader{Proto: netsim.ProtoFrag, Src: e.self, Dst: e.cfg.Shape.Coord(dst)}
+	return e.fs.Split(data, func(f []byte) {
+		e.out.Packets = append(e.out.Packets, netsim.AppendTorus(make([]byte, 0, netsim.TorusHeaderLen+len(f)), h, f))
+	})
 }
 
 // ReadDatagram returns the next received datagram, if any.
@@ -355,7 +368,7 @@ func (e *Endpoint) drain(now time.Time) {
 			e.dt.SendPrefixed(now, deltat.Peer(c.To), []byte{KindBulk}, c.B, 0)
 		}
 		for _, p := range b.Packets {
-			e.packet(netsim.NodeID(p.To), netsim.ProtoBulk, p.Head, p.Body)
+			e.packet(netsim.NodeID(p.To), netsim.ProtoBulk, p.Head, p.Body, p.Head[0] != byte(bulk.OpRNak))
 		}
 		for _, m := range b.Messages {
 			e.inbox = append(e.inbox, Msg{Peer: netsim.NodeID(m.From), Meta: m.Meta, Data: m.Data, Proto: Bulk})
@@ -370,7 +383,7 @@ func (e *Endpoint) drain(now time.Time) {
 		}
 		d := e.dt.Ready()
 		for _, p := range d.Packets {
-			e.packet(netsim.NodeID(p.To), netsim.ProtoDeltaT, p.B, nil)
+			e.packet(netsim.NodeID(p.To), netsim.ProtoDeltaT, p.B, nil, true)
 		}
 		for _, a := range d.Acked {
 			if a.Tag != 0 {
@@ -431,12 +444,10 @@ func (e *Endpoint) deliver(now time.Time, m deltat.Message) bool {
 func (e *Endpoint) Ready() Ready {
 	r := e.out
 	e.out = Ready{}
+	// Resolved peers need no timer of their own: they exist only beside
+	// delta-t records or bulk transfers, whose timers bring the Tick that
+	// forgets them.
 	r.NextTick = earliest(earliest(e.dt.NextTick(), e.bk.NextTick()), e.fr.NextTick())
-	if len(e.peers) > 0 && r.NextTick.IsZero() {
-		// Only resolved peers are left: forget them on the next tick,
-		// which is due at once.
-		r.NextTick = time.Unix(0, 1)
-	}
 	return r
 }
 

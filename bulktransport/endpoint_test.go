@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/radic-project/radic/bulktransport/bulk"
 	"github.com/radic-project/radic/bulktransport/deltat"
 	"github.com/radic-project/radic/internal/testenv"
 	"github.com/radic-project/radic/netsim"
@@ -325,4 +326,20 @@ func FuzzEndpointStep(f *testing.F) {
 			t.Fatalf("%d records a minute later", e.State())
 		}
 	})
+}
+
+// A node answering a remote get for a tag it does not hold (it restarted)
+// sends RNak and keeps nothing for the asker.
+func TestRNakLeavesNoState(t *testing.T) {
+	sh := netsim.Shape{X: 2, Y: 1, Z: 1}
+	e := mustNew(t, Config{Shape: sh, Self: 0})
+	now := time.Unix(1000, 0)
+	rget := netsim.AppendTorus(nil, netsim.TorusHeader{Proto: netsim.ProtoBulk, Src: sh.Coord(1), Dst: sh.Coord(0)}, bulk.AppendRGet(nil, 42, 0, 1000))
+	if err := e.Step(now, rget); err != nil {
+		t.Fatal(err)
+	}
+	r := e.Ready()
+	if len(r.Packets) != 1 || e.State() != 0 || !r.NextTick.IsZero() {
+		t.Fatalf("%d packets, state %d, next tick %v; want one RNak and nothing kept", len(r.Packets), e.State(), r.NextTick)
+	}
 }
