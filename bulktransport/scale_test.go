@@ -84,10 +84,10 @@ func talk(d *direct, now time.Time, peers func(i, k int) int, k int) (time.Time,
 // The memory per node is reported idle and while the pairs are live.
 //
 // Every pair of 65,536 nodes (4.3e9 exchanges) would take hours even on
-// the pure cores; the test runs every pair of a 256-node machine (128 with
-// -short, 1,024 with RADIC_SOAK) and, on
-// the 65,536-node one, 4 peers per node (16 with RADIC_SOAK set: about
-// 500 MB of live records at once). The state of a pair does not depend
+// the pure cores; the test runs every pair of a 256-node machine (128
+// with -short, 1,024 with RADIC_SOAK) and, on the 65,536-node one, 4
+// peers per node (16 with RADIC_SOAK: about 500 MB of live records at
+// once). The state of a pair does not depend
 // on which other pairs talked, so the zero-bytes result carries over.
 func TestIdlePairsCostNothing(t *testing.T) {
 	for _, tc := range []struct {
