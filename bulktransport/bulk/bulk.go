@@ -128,7 +128,7 @@ type Ready struct {
 type Stats struct {
 	Writes, Delivered, Naks, Cancels, RGets, Rerequests  uint64
 	DataSent, DataReceived, Duplicates, Malformed, RNaks uint64
-	TimedOut                                             uint64
+	TimedOut, FastRerequests                             uint64
 }
 
 type region struct {
@@ -380,6 +380,17 @@ func (n *Node) data(now time.Time, k xferKey, p DataPath) {
 	t.lastData = now
 	if t.missing == 0 {
 		n.complete(k, t)
+		return
+	}
+	if i == t.nextReq-1 && t.missing > t.chunks-t.nextReq {
+		// The last chunk asked for has come and some before it have
+		// not. The sender answers remote gets in order and the route
+		// keeps their order, so those are lost: ask again now rather
+		// than after RGetTimeout. (If the network reordered them
+		// instead, the extra copies are dropped as duplicates.)
+		n.Stats.FastRerequests++
+		n.rerequest(k, t)
+		t.lastAsk = now
 		return
 	}
 	n.request(k, t)
