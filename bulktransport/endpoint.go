@@ -91,9 +91,10 @@ func (c *Config) Select(n int, meta bool) Protocol {
 }
 
 // Msg is a message handed between layers by reference (seed 001,
-// readmsg/writemsg): WriteMsg keeps Data without copying until it is
-// sent (Bulk: until the receiver's Ack), and ReadMsg returns Data pointing
-// into the packet (Short) or the reassembly or remote-get buffer.
+// readmsg/writemsg): a Bulk WriteMsg keeps Data without copying until the
+// receiver's Ack (the remote gets read it in place), and ReadMsg returns
+// Data pointing into the packet (Short) or the reassembly or remote-get
+// buffer, never a copy made for the reader.
 type Msg struct {
 	Peer  netsim.NodeID
 	Meta  [bulk.MetaLen]byte // application data carried beside the message
@@ -208,8 +209,9 @@ func (e *Endpoint) packet(id netsim.NodeID, proto netsim.Proto, head, body []byt
 }
 
 // WriteMsg sends m.Data (and m.Meta) to m.Peer reliably, by the protocol
-// Select picks. The endpoint keeps m.Data by reference until the Result
-// with the returned id; the caller must not change it before.
+// Select picks. Short and Copy copy the data into delta-t segments before
+// returning; Bulk keeps m.Data by reference until the Result with the
+// returned id, and the caller must not change it before.
 func (e *Endpoint) WriteMsg(now time.Time, m Msg) (uint64, error) {
 	if int(m.Peer) >= e.cfg.Shape.Nodes() {
 		return 0, fmt.Errorf("%w: node %d", bulk.ErrNode, m.Peer)
