@@ -19,7 +19,11 @@ type Faults struct {
 	Drop      float64       // probability a packet is lost
 	Duplicate float64       // probability a packet arrives twice
 	Reorder   float64       // probability a packet is held back ...
-	Delay     time.Duration // ... by up to this much, so later ones overtake it
+	// Delay is the most a packet is held back, so that later ones
+	// overtake it. Delta-t assumes a maximum packet lifetime (deltat MPL):
+	// keep Delay plus the route's latency below it, or old duplicates can
+	// outlive the connection records.
+	Delay time.Duration
 }
 
 // SimConfig configures a Sim.
