@@ -16,9 +16,9 @@ type Handler func(now time.Time, pkt []byte)
 // packet draws once when it is sent, so a run is reproducible from the
 // seed alone.
 type Faults struct {
-	Drop      float64       // probability a packet is lost
-	Duplicate float64       // probability a packet arrives twice
-	Reorder   float64       // probability a packet is held back ...
+	Drop      float64 // probability a packet is lost
+	Duplicate float64 // probability a packet arrives twice
+	Reorder   float64 // probability a packet is held back ...
 	// Delay is the most a packet is held back, so that later ones
 	// overtake it. Delta-t assumes a maximum packet lifetime (deltat MPL):
 	// keep Delay plus the route's latency below it, or old duplicates can
