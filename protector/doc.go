@@ -37,6 +37,7 @@
 //
 //	View(reachable)        heartbeat: who this node hears from (majority, fencing)
 //	Suspect(x)             watchdog fired or an observer escalated: detect clock starts
+//	Refuted(x)             the suspicion was cleared: a later failure's clock starts afresh
 //	Declared(x, fenced)    heartbeat declared x dead (fenced: x announced its fence)
 //	Learn(placement)       another machine's Announce
 //	Started/Reconnected/Live(g, epoch)   this node's edge, for a group it (re)started

@@ -309,6 +309,16 @@ func (m *Machine) Suspect(now time.Time, id NodeID) {
 	m.step(now)
 }
 
+// Refuted: a suspicion of id was cleared (it answered). A later failure's
+// detect phase starts at its own suspicion, not this one.
+func (m *Machine) Refuted(now time.Time, id NodeID) {
+	m.advance(now)
+	if n := m.nodes[id]; n != nil && !n.declared && !n.dead {
+		n.suspectAt = time.Time{}
+	}
+	m.step(now)
+}
+
 // Declared is the heartbeat's verdict that id is dead. fenced says id
 // announced that it fenced itself (heartbeat's CauseFenced, or
 // CauseRestarted when a restarted radicd kills its job cgroup before it
@@ -608,9 +618,16 @@ func neighbours(ring []NodeID, self NodeID) (pred, succ NodeID) {
 	return ring[(i-1+len(ring))%len(ring)], ring[(i+1)%len(ring)]
 }
 
+// detectStart is when this node first saw signs of n's death: its
+// suspicion (unless refuted), its current absence from the View (not an
+// earlier one that healed), or the declaration.
 func (m *Machine) detectStart(n *node) time.Time {
 	t := n.declaredAt
-	for _, c := range []time.Time{n.suspectAt, n.lostAt} {
+	lost := n.lostAt
+	if n.seen {
+		lost = time.Time{}
+	}
+	for _, c := range []time.Time{n.suspectAt, lost} {
 		if !c.IsZero() && c.Before(t) {
 			t = c
 		}

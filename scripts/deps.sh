@@ -20,6 +20,7 @@ pkgs=(
   procps:/usr/bin/pgrep
   psmisc:/usr/bin/killall
   gdb:/usr/bin/gdb
+  tshark:/usr/bin/tshark
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -31,6 +32,10 @@ if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     echo "deps: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
+    # tshark's wireshark-common asks whether non-root users may capture;
+    # answer no beforehand so the install never stops at a prompt (the
+    # tests only read traces, they never capture).
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
     apt-get update -q >/dev/null
     apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
   else

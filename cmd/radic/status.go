@@ -18,11 +18,13 @@ import (
 
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/internal/cluster"
+	"github.com/radic-project/radic/internal/jobrun"
+	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/internal/radicd"
 )
 
 func init() {
-	register("status", "the radicd ring: nodes, ring order, who protects whom, health, heartbeat ages", statusCmd)
+	register("status", "the radicd ring: nodes, ring order, who protects whom, health, heartbeat ages, recoveries under way and recent", statusCmd)
 }
 
 // statusNode is one radicd as `radic status` saw it.
@@ -49,9 +51,104 @@ type statusRow struct {
 }
 
 type statusReport struct {
-	Ring  []heartbeat.NodeID `json:"ring"`
-	Rows  []statusRow        `json:"nodes"`
-	Daems []statusNode       `json:"daemons"`
+	Ring       []heartbeat.NodeID `json:"ring"`
+	Rows       []statusRow        `json:"nodes"`
+	Recoveries recoveryReport     `json:"recoveries"`
+	Daems      []statusNode       `json:"daemons"`
+}
+
+// recoveryReport is the recoveries every answering daemon knows of: each
+// recovery under way as its latest report says, and the last finished.
+type recoveryReport struct {
+	InProgress []recoveryRow          `json:"in_progress"`
+	Recent     []launch.RecoveryEvent `json:"recent"`
+}
+
+type recoveryRow struct {
+	launch.RecoveryProgress
+	// Elapsed and InPhase are measured on the clock of the daemon that
+	// answered (Now in its status).
+	Elapsed time.Duration `json:"elapsed_ns"`
+	InPhase time.Duration `json:"in_phase_ns"`
+}
+
+// recentShown bounds the finished recoveries radic status prints.
+const recentShown = 5
+
+// mergeRecoveries merges what the daemons said: per group the newest
+// report under way, and the union of the finished ones, oldest first.
+func mergeRecoveries(daems []statusNode) recoveryReport {
+	rep := recoveryReport{InProgress: []recoveryRow{}, Recent: []launch.RecoveryEvent{}}
+	byGroup := map[int]recoveryRow{}
+	type evKey struct {
+		group  int
+		epoch  uint64
+		start  int64
+		failed string
+	}
+	seen := map[evKey]bool{}
+	for _, d := range daems {
+		if d.Status == nil || d.Status.Recovery == nil {
+			continue
+		}
+		now := d.Status.Now
+		for _, p := range d.Status.Recovery.InProgress {
+			if old, ok := byGroup[p.Group]; ok && !p.Updated.After(old.Updated) {
+				continue
+			}
+			byGroup[p.Group] = recoveryRow{RecoveryProgress: p, Elapsed: max(now.Sub(p.Start), 0), InPhase: max(now.Sub(p.Since), 0)}
+		}
+		for _, ev := range d.Status.Recovery.Recent {
+			k := evKey{ev.Group, ev.Epoch, ev.Start.UnixNano(), ev.Error + ev.Warning}
+			if !seen[k] {
+				seen[k] = true
+				rep.Recent = append(rep.Recent, ev)
+			}
+		}
+	}
+	for _, r := range byGroup {
+		rep.InProgress = append(rep.InProgress, r)
+	}
+	slices.SortFunc(rep.InProgress, func(a, b recoveryRow) int { return a.Group - b.Group })
+	slices.SortStableFunc(rep.Recent, func(a, b launch.RecoveryEvent) int { return a.Start.Compare(b.Start) })
+	rep.Recent = rep.Recent[max(len(rep.Recent)-recentShown, 0):]
+	return rep
+}
+
+// printRecoveries is radic status's recovery section.
+func printRecoveries(w io.Writer, rep recoveryReport) {
+	if len(rep.InProgress) > 0 {
+		fmt.Fprintf(w, "\nrecoveries in progress:\n")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "GROUP\tCAUSE\tFROM -> TO\tPHASE\tELAPSED\tIN PHASE\tATTEMPTS\tREPLAYED\tDRIVEN BY\t")
+		for _, r := range rep.InProgress {
+			to := "?"
+			if r.To >= 0 {
+				to = strconv.Itoa(r.To)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d -> %s\t%s\t%.1f s\t%.1f s\t%d\t%s\tnode %d\t\n", r.Group, r.Cause, r.From, to, r.Phase,
+				r.Elapsed.Seconds(), r.InPhase.Seconds(), r.Attempts, replayProgress(r.RecoveryProgress), r.By)
+		}
+		tw.Flush()
+	}
+	if len(rep.Recent) > 0 {
+		fmt.Fprintf(w, "\nrecent recoveries:\n")
+		for _, ev := range rep.Recent {
+			fmt.Fprintf(w, "  %s\n", jobrun.DescribeRecovery(ev, nil))
+		}
+	}
+}
+
+// replayProgress is "12 MB of 38 MB (31%)", "12 MB", or "-" (not known).
+func replayProgress(p launch.RecoveryProgress) string {
+	if p.Replayed == nil {
+		return "-"
+	}
+	n := *p.Replayed
+	if p.ReplayTotal == 0 {
+		return jobrun.SizeSI(n)
+	}
+	return fmt.Sprintf("%s of %s (%.0f%%)", jobrun.SizeSI(n), jobrun.SizeSI(p.ReplayTotal), 100*float64(n)/float64(p.ReplayTotal))
 }
 
 func statusCmd(args []string) error {
@@ -244,6 +341,7 @@ func collectStatus(addrs []string, timeout time.Duration) statusReport {
 			rep.Rows = append(rep.Rows, statusRow{Addr: d.Addr, Health: "unreachable", Why: d.Error})
 		}
 	}
+	rep.Recoveries = mergeRecoveries(rep.Daems)
 	return rep
 }
 
@@ -285,6 +383,7 @@ func printStatus(w io.Writer, rep statusReport) {
 			ids(r.Protectors), ids(r.Protects), mon, age, humanBytes(r.StoreBytes))
 	}
 	tw.Flush()
+	printRecoveries(w, rep.Recoveries)
 	for _, d := range rep.Daems {
 		if d.Error != "" {
 			fmt.Fprintf(w, "\n%s: %s", d.Addr, d.Error)

@@ -254,3 +254,17 @@ func (c *Client) Recovery(ctx context.Context, job string) (launch.JobRecovery, 
 	err = json.NewDecoder(resp.Body).Decode(&jr)
 	return jr, err
 }
+
+// Divergence reports a restarted rank's divergence to node's radicd
+// (radic_divergences_total).
+func (c *Client) Divergence(ctx context.Context, dv launch.Divergence) error {
+	b, err := json.Marshal(dv)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, fmt.Sprintf("divergence of rank %d", dv.Rank), http.MethodPost, "/v1/recovery/divergence", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -156,25 +157,78 @@ func firstDiff(a, b []byte) int {
 	return len(a)
 }
 
-// describe is a recovery event as radic run prints it: "node 2 died at
-// 12:01:03.120; rank 2 restarted on node 4 in 0.84 s".
-func describe(ev launch.RecoveryEvent, ranks []int) string {
+// DescribeRecovery is a recovery event as radic run and radic status
+// print it, ranks being the group's ranks (in one job; none: unknown):
+//
+//	node 2 died at 12:01:03.120; ranks 2,6 restarted on node 4 in 0.84 s; replayed 38 MB; live again
+//	recovery of ranks 2,6 (group 2, from node 2) failed in restart after 5.00 s: protector: no node to restart on
+//
+// "replayed" is there when the replay step reported its bytes.
+func DescribeRecovery(ev launch.RecoveryEvent, ranks []int) string {
 	rs := make([]string, len(ranks))
 	for i, r := range ranks {
-		rs[i] = fmt.Sprint(r)
+		rs[i] = strconv.Itoa(r)
 	}
 	which := "rank " + strings.Join(rs, ",")
-	if len(ranks) != 1 {
+	switch len(ranks) {
+	case 0:
+		which = fmt.Sprintf("the ranks of node %d", ev.Group)
+	case 1:
+	default:
 		which = "ranks " + strings.Join(rs, ",")
 	}
 	if ev.Error != "" {
-		return fmt.Sprintf("recovery of the ranks of node %d failed: %s", ev.Group, ev.Error)
+		from := ""
+		if ev.From >= 0 && ev.Cause != "" {
+			from = fmt.Sprintf(", from node %d", ev.From)
+		}
+		phase := ""
+		if ev.Phase != "" {
+			phase = " in " + ev.Phase
+		}
+		after := ""
+		if ev.Seconds > 0 {
+			after = fmt.Sprintf(" after %.2f s", ev.Seconds)
+		}
+		return fmt.Sprintf("recovery of %s (group %d%s) failed%s%s: %s", which, ev.Group, from, phase, after, ev.Error)
 	}
 	at := ev.Start.Local().Format("15:04:05.000")
+	var b strings.Builder
 	if ev.Cause == "process" {
-		return fmt.Sprintf("a rank of node %d died at %s; %s restarted on node %d in %.2f s", ev.From, at, which, ev.To, ev.Seconds)
+		fmt.Fprintf(&b, "a rank of node %d died at %s; ", ev.From, at)
+	} else {
+		fmt.Fprintf(&b, "node %d died at %s; ", ev.From, at)
 	}
-	return fmt.Sprintf("node %d died at %s; %s restarted on node %d in %.2f s", ev.From, at, which, ev.To, ev.Seconds)
+	if ev.Warning != "" && ev.Phase != "reprotect" {
+		// Interrupted (its new host died): another attempt follows.
+		fmt.Fprintf(&b, "the restart of %s on node %d was interrupted in %s after %.2f s: %s", which, ev.To, ev.Phase, ev.Seconds, ev.Warning)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "%s restarted on node %d in %.2f s", which, ev.To, ev.Seconds)
+	if ev.Replayed != nil {
+		fmt.Fprintf(&b, "; replayed %s", SizeSI(*ev.Replayed))
+	}
+	b.WriteString("; live again")
+	if ev.Warning != "" {
+		fmt.Fprintf(&b, ", but unprotected (a further failure of node %d is fatal): %s", ev.To, ev.Warning)
+	}
+	return b.String()
+}
+
+// SizeSI is n bytes in decimal units: 512 B, 1.5 kB, 38 MB, 2.1 GB.
+func SizeSI(n uint64) string {
+	const units = "kMGTPE"
+	if n < 1000 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, i := float64(n)/1000, 0
+	for f >= 1000 && i < len(units)-1 {
+		f, i = f/1000, i+1
+	}
+	if f < 10 {
+		return fmt.Sprintf("%.1f %cB", f, units[i])
+	}
+	return fmt.Sprintf("%.0f %cB", f, units[i])
 }
 
 // ranksOf lists the job's ranks of group g.
@@ -256,13 +310,28 @@ func (f *follower) learn(jr launch.JobRecovery) {
 		if ev.Start.Before(f.since) {
 			continue
 		}
-		f.logf("radic run: %s", describe(ev, ranksOf(jr, ev.Group)))
+		line := DescribeRecovery(ev, ranksOf(jr, ev.Group))
 		if ev.Error != "" {
+			// The job stops with this line (radic run prints it then).
 			select {
-			case f.failed <- fmt.Errorf("recovery of the ranks of node %d failed: %s", ev.Group, ev.Error):
+			case f.failed <- errors.New(line):
 			default:
+				f.logf("radic run: %s", line)
 			}
+			continue
 		}
+		f.logf("radic run: %s", line)
+	}
+}
+
+// reportDivergence tells the rank's radicd (radic_divergences_total,
+// and its log) that the rank's regenerated output differs; best effort.
+func (f *follower) reportDivergence(ctx context.Context, c *Client, rank int, err error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	dv := launch.Divergence{Job: f.job, Rank: rank, Where: "output", Error: err.Error()}
+	if rerr := c.Divergence(rctx, dv); rerr != nil {
+		f.logf("radic run: the divergence of rank %d was not reported to its radicd: %v", rank, rerr)
 	}
 }
 
@@ -377,6 +446,7 @@ func (f *follower) forward(ctx context.Context, cl func(int) *Client, rank int, 
 				if derr != nil {
 					body.Close()
 					pcancel()
+					f.reportDivergence(ctx, c, rank, derr)
 					return derr
 				}
 				if len(out) > 0 {

@@ -2,6 +2,7 @@ package jobrun
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,9 +83,92 @@ func TestWhereAndDescribe(t *testing.T) {
 	if n, e, _ := w.get(); n != 4 || e != 1 {
 		t.Errorf("get = %d, %d, want 4, 1", n, e)
 	}
+}
+
+func TestDescribeRecovery(t *testing.T) {
 	at := time.Date(2026, 1, 1, 12, 1, 3, 120e6, time.Local)
-	got := describe(launch.RecoveryEvent{Group: 2, Cause: "node", From: 2, To: 4, Epoch: 1, Start: at, Seconds: 0.84}, []int{2})
-	if want := "node 2 died at 12:01:03.120; rank 2 restarted on node 4 in 0.84 s"; got != want {
-		t.Errorf("describe = %q, want %q", got, want)
+	mb38 := uint64(38_000_000)
+	zero := uint64(0)
+	ok := launch.RecoveryEvent{Group: 2, Cause: "node", From: 2, To: 4, Epoch: 1, Start: at, Seconds: 0.84}
+	with := func(f func(*launch.RecoveryEvent)) launch.RecoveryEvent {
+		ev := ok
+		f(&ev)
+		return ev
+	}
+	cases := []struct {
+		ev    launch.RecoveryEvent
+		ranks []int
+		want  string
+	}{
+		{ok, []int{2}, "node 2 died at 12:01:03.120; rank 2 restarted on node 4 in 0.84 s; live again"},
+		{with(func(e *launch.RecoveryEvent) { e.Replayed = &mb38 }), []int{2, 6},
+			"node 2 died at 12:01:03.120; ranks 2,6 restarted on node 4 in 0.84 s; replayed 38 MB; live again"},
+		{with(func(e *launch.RecoveryEvent) { e.Replayed = &zero }), []int{2, 6},
+			"node 2 died at 12:01:03.120; ranks 2,6 restarted on node 4 in 0.84 s; replayed 0 B; live again"},
+		{with(func(e *launch.RecoveryEvent) { e.Cause, e.From, e.To = "process", 1, 1 }), []int{1},
+			"a rank of node 1 died at 12:01:03.120; rank 1 restarted on node 1 in 0.84 s; live again"},
+		{with(func(e *launch.RecoveryEvent) {
+			e.Phase, e.Warning = "reprotect", "protector: no other active node left to protect the group"
+		}), []int{2},
+			"node 2 died at 12:01:03.120; rank 2 restarted on node 4 in 0.84 s; live again, but unprotected (a further failure of node 4 is fatal): protector: no other active node left to protect the group"},
+		{with(func(e *launch.RecoveryEvent) {
+			e.Phase, e.Warning = "replay", "protector: the new host died during recovery; the recovery starts again"
+		}), []int{2},
+			"node 2 died at 12:01:03.120; the restart of rank 2 on node 4 was interrupted in replay after 0.84 s: protector: the new host died during recovery; the recovery starts again"},
+		{with(func(e *launch.RecoveryEvent) {
+			e.Phase, e.Error, e.Seconds = "restart", "protector: no node to restart on", 5
+		}), []int{2, 6},
+			"recovery of ranks 2,6 (group 2, from node 2) failed in restart after 5.00 s: protector: no node to restart on"},
+		{launch.RecoveryEvent{Group: 3, From: 3, To: -1, Phase: "confirm", Error: "protector: every holder of the group's critical data died", Start: at}, nil,
+			"recovery of the ranks of node 3 (group 3) failed in confirm: protector: every holder of the group's critical data died"},
+	}
+	for _, c := range cases {
+		if got := DescribeRecovery(c.ev, c.ranks); got != c.want {
+			t.Errorf("DescribeRecovery(%+v, %v) =\n\t%q\nwant\n\t%q", c.ev, c.ranks, got, c.want)
+		}
+	}
+}
+
+func TestSizeSI(t *testing.T) {
+	for _, c := range []struct {
+		n    uint64
+		want string
+	}{{0, "0 B"}, {999, "999 B"}, {1000, "1.0 kB"}, {1536, "1.5 kB"}, {38_000_000, "38 MB"}, {38 << 20, "40 MB"}, {2_100_000_000, "2.1 GB"}} {
+		if got := SizeSI(c.n); got != c.want {
+			t.Errorf("SizeSI(%d) = %q, want %q", c.n, got, c.want)
+		}
+	}
+}
+
+// TestLearnPrintsAndFails: new events are printed once, older than the
+// job are skipped, and a failed recovery stops the job with its line.
+func TestLearnPrintsAndFails(t *testing.T) {
+	var lines []string
+	since := time.Now()
+	f := &follower{job: "j", nodes: []int{0}, wh: []*where{newWhere(0), newWhere(1)}, failed: make(chan error, 1), since: since,
+		logf: func(format string, a ...any) { lines = append(lines, fmt.Sprintf(format, a...)) }}
+	jr := launch.JobRecovery{Job: "j", Ranks: []launch.RankLoc{{Job: "j", Rank: 1, Group: 1, Node: 2, Epoch: 1}},
+		Events: []launch.RecoveryEvent{
+			{Group: 1, Cause: "node", From: 1, To: 2, Epoch: 1, Start: since.Add(-time.Hour), Seconds: 1}, // a previous job's
+			{Group: 1, Cause: "node", From: 1, To: 2, Epoch: 1, Start: since.Add(time.Second), Seconds: 0.5},
+		}}
+	f.learn(jr)
+	f.learn(jr)
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "radic run: node 1 died at ") || !strings.HasSuffix(lines[0], "; rank 1 restarted on node 2 in 0.50 s; live again") {
+		t.Errorf("printed %q, want one recovery line", lines)
+	}
+	if n, e, _ := f.wh[1].get(); n != 2 || e != 1 {
+		t.Errorf("rank 1 is at node %d epoch %d, want 2, 1", n, e)
+	}
+	jr.Events = append(jr.Events, launch.RecoveryEvent{Group: 1, Cause: "node", From: 2, To: 3, Epoch: 2, Start: since.Add(2 * time.Second),
+		Seconds: 5, Phase: "restart", Error: "protector: no node to restart on"})
+	f.learn(jr)
+	select {
+	case err := <-f.failed:
+		if want := "recovery of rank 1 (group 1, from node 2) failed in restart after 5.00 s: protector: no node to restart on"; err.Error() != want {
+			t.Errorf("failure %q, want %q", err, want)
+		}
+	default:
+		t.Error("a failed recovery did not stop the job")
 	}
 }

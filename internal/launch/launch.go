@@ -262,7 +262,52 @@ type RecoveryEvent struct {
 	Epoch   uint64    `json:"epoch"`
 	Start   time.Time `json:"start"` // first suspicion, or the process exit
 	Seconds float64   `json:"seconds"`
-	Error   string    `json:"error,omitempty"`
+	Error   string    `json:"error,omitempty"` // the recovery failed: the job must stop
+	Phase   string    `json:"phase,omitempty"` // with Error or Warning: the phase it failed in
+	// Warning: the group is live again but not protected (no other node
+	// to hold its data, or re-protection failed): the job goes on, and a
+	// further failure of its node is fatal.
+	Warning string `json:"warning,omitempty"`
+	// Replayed is the bytes the restarted processes replayed from their
+	// log, when the replay step reported it (absent: not known).
+	Replayed *uint64 `json:"replayed_bytes,omitempty"`
+}
+
+// RecoveryProgress is a recovery under way, as its recoverer (the
+// protector driving it) reports it to every daemon, with the replay
+// progress its new host reports.
+type RecoveryProgress struct {
+	Group    int       `json:"group"`
+	Cause    string    `json:"cause"` // node, process
+	From     int       `json:"from"`
+	To       int       `json:"to"` // the current restart target; -1 between attempts
+	Epoch    uint64    `json:"epoch"`
+	Phase    string    `json:"phase"` // confirm, restart, reconnect, replay, reprotect
+	Start    time.Time `json:"start"` // first suspicion, or the process exit
+	Since    time.Time `json:"since"` // the current phase's start
+	Attempts int       `json:"attempts"`
+	By       int       `json:"by"` // the recoverer
+	// Replay progress, when the new host reported it: bytes replayed so
+	// far, and the log's size (0: not known).
+	Replayed    *uint64   `json:"replayed_bytes,omitempty"`
+	ReplayTotal uint64    `json:"replay_total_bytes,omitempty"`
+	Updated     time.Time `json:"updated"` // when the recoverer last reported it
+}
+
+// RecoveryStatus is what one radicd knows of the cluster's recoveries
+// (in its /status): those under way, and the last finished ones.
+type RecoveryStatus struct {
+	InProgress []RecoveryProgress `json:"in_progress"`
+	Recent     []RecoveryEvent    `json:"recent"`
+}
+
+// Divergence is radic run's report of a restarted rank whose output
+// differs from what was delivered (POST /v1/recovery/divergence).
+type Divergence struct {
+	Job   string `json:"job"`
+	Rank  int    `json:"rank"`
+	Where string `json:"where"` // output (stdout/stderr), connection
+	Error string `json:"error"`
 }
 
 // JobRecovery is radicd's GET /v1/recovery/jobs/{job}: where each rank of a

@@ -23,6 +23,7 @@ import (
 
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/heartbeat/hbudp"
+	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/protector"
 )
@@ -49,6 +50,7 @@ type Daemon struct {
 	repl        *replicator   // this node's log streams to its protectors (repl.go)
 	ranks       *rankTable    // the ranks this node launched (ranks.go)
 	dir         *directory    // where the recovery ranks run (recovery.go)
+	prog        *progressBook // the recoveries under way (progress.go)
 	rec         *recoveryEdge // nil: this node restarts nothing (recovery.go)
 	recMetrics  *recoveryMetrics
 	writersMu   sync.Mutex
@@ -116,6 +118,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		notify: newNotifier(),
 		ranks:  newRankTable(),
 		dir:    newDirectory(),
+		prog:   newProgressBook(),
 		detection: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "radic_detection_seconds",
 			Help:    "Silence of a node before this node (its watchdog) declared it unreachable: heartbeat timeout plus probe time.",
@@ -266,6 +269,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.loc.routes(mux)
 	d.rankRoutes(mux)
 	d.recoveryRoutes(mux)
+	d.progressRoutes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })
@@ -413,6 +417,9 @@ type NodeStatus struct {
 	Ring        heartbeat.Status `json:"ring"`
 	Store       StoreStatus      `json:"store"`
 	LastFence   *FenceReport     `json:"last_fence,omitempty"`
+	// Recovery: the recoveries under way in the cluster and the last
+	// finished ones, as this daemon knows them.
+	Recovery *launch.RecoveryStatus `json:"recovery,omitempty"`
 }
 
 // StoreStatus summarises the critical-data store.
@@ -435,7 +442,8 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	ns := NodeStatus{
 		Node: d.cfg.Node, Listen: d.cfg.Listen.String(), Addr: self.String(), AddrGen: me.Gen, MetricsAddr: d.cfg.MetricsAddr,
 		PID: os.Getpid(), Started: d.started, Now: time.Now(), Spare: d.cfg.Spare, Ring: st,
-		Store: StoreStatus{Bytes: b, Records: recs, Holds: d.stores.nodes(), Sync: d.cfg.StoreSync.String()},
+		Store:    StoreStatus{Bytes: b, Records: recs, Holds: d.stores.nodes(), Sync: d.cfg.StoreSync.String()},
+		Recovery: d.recoveryStatus(time.Now()),
 	}
 	d.fenceMu.Lock()
 	if !d.lastFence.At.IsZero() {

@@ -40,6 +40,9 @@
 //	GET  /v1/recovery/jobs/J        launch.JobRecovery: where each rank of J runs now (node, epoch) and the recoveries
 //	DELETE /v1/recovery/jobs/J      J ended: never restart its ranks
 //	POST /v1/recovery/events        a launch.RecoveryEvent (pushed to every daemon)
+//	POST /v1/recovery/progress      {"by","list"}: the recoveries node "by" drives, as they stand (pushed to every daemon; progress.go)
+//	POST /v1/recovery/replay        {"group","epoch","node","bytes","total","done"}: replay progress of a restarted group, from its new host
+//	POST /v1/recovery/divergence    launch.Divergence: radic run saw a restarted rank's output differ (radic_divergences_total)
 //	GET  /status, /healthz
 //
 // Store bodies are msglog record encodings (each with its CRC32C),

@@ -11,6 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/internal/launch"
+	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/protector"
 )
 
 // DetectionBuckets are radic_detection_seconds' buckets: fine around the
@@ -30,7 +33,10 @@ var MetricNames = []string{
 	"radic_replication_errors_total", "radic_reprotected_records_total",
 	"radic_location_lookups_total", "radic_location_moves_total", "radic_location_push_errors_total",
 	"radic_location_listeners", "radic_location_generation",
-	"radic_log_bytes", "radic_log_records", "radic_log_rings", "radic_log_stuck_rings",
+	"radic_log_bytes", "radic_log_records", "radic_log_shipped_bytes_total", "radic_log_shipped_records_total",
+	"radic_log_rings", "radic_log_stuck_rings",
+	"radic_recoveries_total", "radic_recovery_seconds", "radic_recovery_phase_seconds",
+	"radic_replay_bytes_total", "radic_divergences_total",
 	"radic_checkpoints_total", "radic_checkpoint_failures_total", "radic_checkpoint_seconds", "radic_checkpoint_bytes",
 }
 
@@ -103,13 +109,134 @@ func (d *Daemon) registerMetrics(reg *prometheus.Registry) {
 			return float64(avail)
 		}),
 		&ringCollector{d: d},
-		counter("radic_log_bytes", "Bytes received by this node's processes (with recovery on) and stored on all their protectors.", d.logs.bytes.Load),
-		counter("radic_log_records", "Log ring records (receives and their determinants) of this node's processes stored on all their protectors.", d.logs.records.Load),
+		counter("radic_log_shipped_bytes_total", "Bytes received by this node's processes (with recovery on) and stored on all their protectors.", d.logs.bytes.Load),
+		counter("radic_log_shipped_records_total", "Log ring records (receives and their determinants) of this node's processes stored on all their protectors.", d.logs.records.Load),
+		gauge("radic_log_bytes", "Bytes of other nodes' processes' logs (received bytes and determinants, launch records excluded) this node's protector holds, from each stream's truncation point to its end.", func() float64 {
+			b, _ := d.stores.logTotals()
+			return float64(b)
+		}),
+		gauge("radic_log_records", "Log records of other nodes' processes this node's protector holds in its segment files (launch records excluded; truncated ones count until their segment is dropped).", func() float64 {
+			_, r := d.stores.logTotals()
+			return float64(r)
+		}),
 		gauge("radic_log_rings", "Processes of this node whose log rings radicd drains.", func() float64 { return float64(d.logs.active.Load()) }),
 		gauge("radic_log_stuck_rings", "Log rings whose last shipment to the protectors failed: their processes' sends wait.", func() float64 { return float64(d.logs.stuck.Load()) }),
 	)
 	reg.MustRegister(d.loc.collectors()...)
 	reg.MustRegister(d.ckpt.collectors()...)
+}
+
+// logTotals is what the stores hold of the protected processes' logs:
+// the bytes of every log stream from its truncation point to its end, and
+// the records in the segment files less the launch records (one per rank,
+// duplicates are not stored).
+func (s *stores) logTotals() (bytes, records int64) {
+	s.mu.Lock()
+	sts := make([]*msglog.Store, 0, len(s.byNode))
+	for _, st := range s.byNode {
+		sts = append(sts, st)
+	}
+	s.mu.Unlock()
+	for _, st := range sts {
+		launches := 0
+		for _, o := range st.Owners() {
+			ss := st.Streams(o)
+			if o == launch.StoreOwner {
+				launches = len(ss)
+				continue
+			}
+			for _, x := range ss {
+				bytes += int64(x.End - x.Low)
+			}
+		}
+		records += max(st.Stats().Records.Load()-int64(launches), 0)
+	}
+	return bytes, records
+}
+
+// recoveryMetrics are the recovery series: radic_recoveries_total,
+// radic_recovery_seconds and the per-phase histograms (fed from the
+// protector's Records on the node that drove each recovery),
+// radic_replay_bytes_total (fed by the replay step, see noteReplay) and
+// radic_divergences_total (see noteDivergence).
+type recoveryMetrics struct {
+	total       *prometheus.CounterVec // cause, result
+	seconds     prometheus.Histogram
+	phases      *prometheus.HistogramVec // phase
+	replayBytes prometheus.Counter
+	divergences *prometheus.CounterVec // where
+}
+
+// RecoveryBuckets are the buckets of the recovery histograms (seconds).
+var RecoveryBuckets = []float64{0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 300}
+
+// Divergence kinds (the where label of radic_divergences_total).
+const (
+	DivergedOutput     = "output"     // a restarted rank's stdout/stderr (radic run compares it)
+	DivergedConnection = "connection" // a restarted process's sends on a managed connection (the replay's check)
+)
+
+// Recovery results (the result label of radic_recoveries_total).
+const (
+	ResultOK     = "ok"     // the group is live again and protected
+	ResultFailed = "failed" // the recovery failed, or left the group unprotected
+)
+
+func newRecoveryMetrics(reg *prometheus.Registry) *recoveryMetrics {
+	m := &recoveryMetrics{
+		total: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "radic_recoveries_total",
+			Help: "Recoveries this node drove to their end, by cause (node: its node died; process: one of its processes exited) and result (ok: live and protected again; failed: failed, or live but unprotected)."},
+			[]string{"cause", "result"}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "radic_recovery_seconds",
+			Help: "Successful recoveries: first suspicion (or the process exit) to the group live and re-protected.", Buckets: RecoveryBuckets}),
+		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "radic_recovery_phase_seconds",
+			Help: "Duration of each phase a recovery completed (detect, confirm, restart, reconnect, replay, reprotect), failed recoveries included.", Buckets: RecoveryBuckets}, []string{"phase"}),
+		replayBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "radic_replay_bytes_total",
+			Help: "Logged bytes replayed to processes restarted on this node."}),
+		divergences: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "radic_divergences_total",
+			Help: "Restarted processes whose regenerated bytes differed from what was already delivered, by where (output: stdout/stderr, connection: a managed connection); each stops its job."},
+			[]string{"where"}),
+	}
+	// Every series exists from the start, so that rates and alerts see
+	// the first event.
+	for _, c := range []string{protector.CauseNode, protector.CauseProcess} {
+		for _, r := range []string{ResultOK, ResultFailed} {
+			m.total.WithLabelValues(c, r)
+		}
+	}
+	for ph := range protector.NumPhases {
+		m.phases.WithLabelValues(ph.String())
+	}
+	m.divergences.WithLabelValues(DivergedOutput)
+	m.divergences.WithLabelValues(DivergedConnection)
+	reg.MustRegister(m.total, m.seconds, m.phases, m.replayBytes, m.divergences)
+	return m
+}
+
+// observe counts one finished recovery.
+func (m *recoveryMetrics) observe(r protector.Record) {
+	result := ResultOK
+	if r.Err != nil {
+		result = ResultFailed
+	} else {
+		m.seconds.Observe(r.Total.Seconds())
+	}
+	m.total.WithLabelValues(r.Cause, result).Inc()
+	for ph := range protector.NumPhases {
+		if d := r.Phases[ph]; d > 0 {
+			m.phases.WithLabelValues(ph.String()).Observe(d.Seconds())
+		}
+	}
+}
+
+// noteDivergence counts a divergence (where: DivergedOutput or
+// DivergedConnection) and logs it. The replay's output check calls it with
+// DivergedConnection when a restarted process's send differs from what its
+// peer already has (observer.ErrDiverged), before stopping the job;
+// radic run reports output divergences (POST /v1/recovery/divergence).
+func (d *Daemon) noteDivergence(where string, err error) {
+	d.recMetrics.divergences.WithLabelValues(where).Inc()
+	d.log.Error("divergence: a restarted process regenerated different bytes; its job stops", "where", where, "err", err)
 }
 
 func fsSpace(dir string) (size, avail uint64) {

@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/msglog/record"
@@ -131,53 +129,15 @@ func (dir *directory) job(job string) JobRecovery {
 	return jr
 }
 
-// recoveryMetrics are radic_recoveries_total, radic_recovery_seconds and
-// the per-phase histograms.
-type recoveryMetrics struct {
-	total    *prometheus.CounterVec
-	failures prometheus.Counter
-	seconds  prometheus.Histogram
-	phases   *prometheus.HistogramVec
-}
-
-// RecoveryBuckets are the buckets of the recovery histograms (seconds).
-var RecoveryBuckets = []float64{0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 300}
-
-func newRecoveryMetrics(reg *prometheus.Registry) *recoveryMetrics {
-	m := &recoveryMetrics{
-		total: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "radic_recoveries_total",
-			Help: "Recoveries this node drove to the end (group live again), by cause (node, process)."}, []string{"cause"}),
-		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "radic_recovery_failures_total",
-			Help: "Recoveries or re-protections this node reported failed."}),
-		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "radic_recovery_seconds",
-			Help: "First suspicion (or the process exit) to the group live and re-protected.", Buckets: RecoveryBuckets}),
-		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "radic_recovery_phase_seconds",
-			Help: "Duration of each phase of a recovery (detect, confirm, restart, reconnect, replay, reprotect).", Buckets: RecoveryBuckets}, []string{"phase"}),
-	}
-	reg.MustRegister(m.total, m.failures, m.seconds, m.phases)
-	return m
-}
-
-func (m *recoveryMetrics) observe(r protector.Record) {
-	if r.Err != nil {
-		m.failures.Inc()
-		return
-	}
-	m.total.WithLabelValues(r.Cause).Inc()
-	m.seconds.Observe(r.Total.Seconds())
-	for ph := range protector.NumPhases {
-		if d := r.Phases[ph]; d > 0 {
-			m.phases.WithLabelValues(ph.String()).Observe(d.Seconds())
-		}
-	}
-}
-
 // recoveryEdge owns this node's Machine: every input goes through in.
 type recoveryEdge struct {
 	d     *Daemon
 	in    chan func(m *protector.Machine, now time.Time)
 	stats protector.Stats
 	met   *recoveryMetrics
+	// fatal: the groups the current Ready reported failed (ActFailed),
+	// for their Records' events (progress.go); recovery goroutine only.
+	fatal map[protector.GroupID]bool
 }
 
 // recoveryEnabled says whether this node restarts lost ranks, and why not.
@@ -256,12 +216,14 @@ func (e *recoveryEdge) routineRecovery(ctx context.Context) {
 	for {
 		now := time.Now()
 		rd := m.Ready()
+		e.noteReady(rd, now)
 		for _, a := range rd.Actions {
 			e.execute(ctx, a)
 		}
 		for _, r := range rd.Records {
 			e.record(r)
 		}
+		d.publishProgress(m.Recoveries(), now)
 		if m.Fenced() {
 			d.log.Warn("protector fenced: no more recoveries from this node until radicd restarts")
 			return
@@ -297,6 +259,8 @@ func (e *recoveryEdge) onRingEvent(ev heartbeat.Event) {
 	switch ev.Kind {
 	case heartbeat.EventSuspect:
 		e.input(func(m *protector.Machine, now time.Time) { m.Suspect(now, ev.Node) })
+	case heartbeat.EventRefuted:
+		e.input(func(m *protector.Machine, now time.Time) { m.Refuted(now, ev.Node) })
 	case heartbeat.EventDeclared:
 		fenced := ev.Cause == heartbeat.CauseFenced || ev.Cause == heartbeat.CauseRestarted
 		e.input(func(m *protector.Machine, now time.Time) { m.Declared(now, ev.Node, fenced) })
@@ -306,10 +270,7 @@ func (e *recoveryEdge) onRingEvent(ev heartbeat.Event) {
 func (e *recoveryEdge) record(r protector.Record) {
 	d := e.d
 	e.met.observe(r)
-	ev := RecoveryEvent{Group: int(r.Group), Cause: r.Cause, From: int(r.From), To: int(r.To), Epoch: r.Epoch, Start: r.Start, Seconds: r.Total.Seconds()}
-	if r.Err != nil {
-		ev.Error = r.Err.Error()
-	}
+	ev := eventOf(r, e.fatal[r.Group], d.prog.replayed(int(r.Group), r.Epoch))
 	phases := map[string]string{}
 	for ph := range protector.NumPhases {
 		phases[ph.String()] = r.Phases[ph].String()
@@ -344,7 +305,6 @@ func (e *recoveryEdge) execute(ctx context.Context, a protector.Action) {
 			return
 		}
 		d.log.Error("recovery failed", "group", a.Group, "phase", a.Phase, "err", a.Err)
-		e.publishEvent(RecoveryEvent{Group: int(a.Group), Error: a.Err.Error(), Start: time.Now()})
 	case protector.ActStop:
 		go func() {
 			e.stopGroup(int(a.Group))

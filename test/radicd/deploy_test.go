@@ -53,8 +53,12 @@ func TestPromtoolChecks(t *testing.T) {
 	for _, args := range [][]string{
 		{"check", "config", deployFile(t, "prometheus.yml")},
 		{"check", "rules", deployFile(t, "radicd.rules.yml")},
+		// The alerts' unit tests (the rule file is named relative to it).
+		{"test", "rules", deployFile(t, "radicd.rules.test.yml")},
 	} {
-		out, err := exec.Command(pt, args...).CombinedOutput()
+		cmd := exec.Command(pt, args...)
+		cmd.Dir = filepath.Dir(deployFile(t, "radicd.rules.yml"))
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Errorf("promtool %v: %v\n%s", args, err, out)
 		} else {

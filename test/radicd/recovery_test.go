@@ -1,14 +1,22 @@
 package radicd_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/radic-project/radic/internal/clustertest"
+	"github.com/radic-project/radic/internal/radicd"
 )
 
 // counter is a deterministic rank that uses no sockets: 30 numbered
@@ -72,6 +80,80 @@ func (c *netnsCluster) startJob(args ...string) (*lockedBuffer, func() int) {
 	}
 }
 
+// watchRecovery polls a radicd's /status until it has shown group's
+// recovery under way and then not, or for at most d; it returns the
+// phases it saw, in order ("confirm 1->?", "restart 1->2", ...).
+func watchRecovery(addr string, group int, d time.Duration) []string {
+	var seen []string
+	cl := &http.Client{Timeout: time.Second}
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		resp, err := cl.Get("http://" + addr + "/status")
+		if err != nil {
+			continue
+		}
+		var st radicd.NodeStatus
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil || st.Recovery == nil {
+			continue
+		}
+		now := false
+		for _, p := range st.Recovery.InProgress {
+			if p.Group != group {
+				continue
+			}
+			now = true
+			to := "?"
+			if p.To >= 0 {
+				to = strconv.Itoa(p.To)
+			}
+			ph := fmt.Sprintf("%s %d->%s", p.Phase, p.From, to)
+			if len(seen) == 0 || seen[len(seen)-1] != ph {
+				seen = append(seen, ph)
+			}
+		}
+		if !now && len(seen) > 0 {
+			break
+		}
+	}
+	return seen
+}
+
+// metricSum sums a metric over the cluster's daemons that answer (a
+// killed node's address takes no connection: skipped after 300 ms).
+func (c *netnsCluster) metricSum(name, labels string) float64 {
+	sum := 0.0
+	for _, n := range c.state().Nodes {
+		_, maddr := c.daemon(n.ID)
+		conn, err := net.DialTimeout("tcp", maddr, 300*time.Millisecond)
+		if err != nil {
+			continue
+		}
+		conn.Close()
+		if v, err := scrape(maddr, name, labels); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// waitMetric waits up to 5 s for a metric's sum over the cluster to be want.
+func (c *netnsCluster) waitMetric(t *testing.T, name, labels string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := c.metricSum(name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s{%s} = %v over the cluster, want %v", name, labels, got, want)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func waitOutput(t *testing.T, out *lockedBuffer, s string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -114,9 +196,51 @@ func TestRestartLostRank(t *testing.T) {
 		if a := c.state().Nodes[1].Addr; !strings.Contains(out.String(), "[rank 1] r1 on "+a+"/16 done") {
 			t.Errorf("rank 1 did not end on its node (%s):\n%s", a, out.String())
 		}
-		if !regexp.MustCompile(`radic run: a rank of node 1 died at [0-9:.]+; rank 1 restarted on node 1 in [0-9.]+ s`).MatchString(out.String()) {
+		if !regexp.MustCompile(`radic run: a rank of node 1 died at [0-9:.]+; rank 1 restarted on node 1 in [0-9.]+ s; live again\n`).MatchString(out.String()) {
 			t.Errorf("no recovery event in the output:\n%s", out.String())
 		}
+		// The recovery's series, on the node that drove it (node 1 itself).
+		c.waitMetric(t, "radic_recoveries_total", `cause="process",result="ok"`, 1)
+		for _, m := range []struct{ name, labels string }{
+			{"radic_recovery_seconds_count", ""},
+			{"radic_recovery_phase_seconds_count", `phase="confirm"`},
+			{"radic_recovery_phase_seconds_count", `phase="restart"`},
+		} {
+			if v := c.metricSum(m.name, m.labels); v < 1 {
+				t.Errorf("%s{%s} = %v over the cluster, want >= 1", m.name, m.labels, v)
+			}
+		}
+		if v := c.metricSum("radic_recoveries_total", `result="failed"`); v != 0 {
+			t.Errorf("radic_recoveries_total{result=\"failed\"} = %v, want 0", v)
+		}
+		_, maddr := c.daemon(0)
+		have := metricFamilies(t, maddr)
+		for _, want := range []string{"radic_recovery_phase_seconds", "radic_replay_bytes_total", "radic_divergences_total", "radic_log_bytes", "radic_log_records"} {
+			if !slices.Contains(have, want) {
+				t.Errorf("node 0 does not export %s", want)
+			}
+		}
+		// radic status (the cluster's daemons) shows it among the recent ones.
+		st, err := c.radic("status")
+		if err != nil || !regexp.MustCompile(`recent recoveries:\n(  .*\n)*  a rank of node 1 died at [0-9:.]+; the ranks of node 1 restarted on node 1 in [0-9.]+ s; live again\n`).MatchString(st) {
+			t.Errorf("radic status: %v\n%s", err, st)
+		}
+	})
+	t.Run("kill-rank-divergent", func(t *testing.T) {
+		// Each instance prints the clock: the restarted one's output
+		// differs from what was delivered, and the job stops.
+		clock := `i=0; while [ $i -lt 30 ]; do echo "r$RADIC_RANK $i $(date +%s%N)"; i=$((i+1)); sleep 0.05; done`
+		out, wait := c.startJob("--np", "2", "--tag-output", "--no-radic", "--recovery", "--", "/bin/sh", "-c", clock)
+		clustertest.WaitRanks(t, c.dir, 2)
+		waitOutput(t, out, "r1 8 ")
+		before := c.metricSum("radic_divergences_total", `where="output"`)
+		if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
+			t.Fatalf("kill-rank 1: %v\n%s", err, o)
+		}
+		if code := wait(); code == 0 || !strings.Contains(out.String(), "rank 1 diverged after its restart") {
+			t.Fatalf("status %d, want the divergence; output:\n%s", code, out.String())
+		}
+		c.waitMetric(t, "radic_divergences_total", `where="output"`, before+1)
 	})
 	t.Run("kill-rank-without-recovery", func(t *testing.T) {
 		out, wait := c.startJob("--np", "2", "--tag-output", "--no-radic", "--", "/bin/sh", "-c", counter)
@@ -133,10 +257,20 @@ func TestRestartLostRank(t *testing.T) {
 		out, wait := c.startJob(run...)
 		clustertest.WaitRanks(t, c.dir, 2)
 		waitOutput(t, out, "r1 8\n")
+		// The spare's radicd (neither the recoverer nor the dead node)
+		// shows the recovery under way: its recoverer pushes it.
+		_, spareMetrics := c.daemon(2)
+		phases := make(chan []string, 1)
+		go func() { phases <- watchRecovery(spareMetrics, 1, 10*time.Second) }()
 		if o, err := c.radic("fault", "kill-node", "1"); err != nil {
 			t.Fatalf("kill-node 1: %v\n%s", err, o)
 		}
 		code := wait()
+		if seen := <-phases; len(seen) == 0 {
+			t.Errorf("node 2's /status never showed the recovery of group 1 under way")
+		} else {
+			t.Logf("recovery of group 1 under way, as node 2 showed it: %v", seen)
+		}
 		got, other := counterLines(out.String())
 		if code != 0 || got != want {
 			t.Fatalf("status %d, numbered lines:\n%s\nwhole output:\n%s", code, got, out.String())
@@ -146,9 +280,23 @@ func TestRestartLostRank(t *testing.T) {
 		if !strings.Contains(out.String(), "[rank 1] r1 on "+spare+"/16 done") {
 			t.Errorf("rank 1 did not end on the spare %s:\n%s", spare, out.String())
 		}
-		if !regexp.MustCompile(`radic run: node 1 died at [0-9:.]+; rank 1 restarted on node 2 in [0-9.]+ s`).MatchString(out.String()) {
+		if !regexp.MustCompile(`radic run: node 1 died at [0-9:.]+; rank 1 restarted on node 2 in [0-9.]+ s; live again\n`).MatchString(out.String()) {
 			t.Errorf("no recovery event in the output:\n%s", out.String())
 		}
 		t.Logf("other lines: %q", other)
+		c.waitMetric(t, "radic_recoveries_total", `cause="node",result="ok"`, 1)
+		// (detect is 0, not observed, on a recoverer that was not the
+		// dead node's watchdog: it learns the declaration.)
+		if v := c.metricSum("radic_recovery_phase_seconds_count", `phase="restart"`); v < 1 {
+			t.Errorf("radic_recovery_phase_seconds_count{phase=\"restart\"} = %v over the live nodes, want >= 1", v)
+		}
+		// One daemon's address is enough: no cluster state needed.
+		_, maddr := c.daemon(2)
+		cmd := exec.Command(radicBin, "status", "--addr", maddr)
+		cmd.Env = append(os.Environ(), "RADIC_STATE_DIR="+filepath.Join(t.TempDir(), "none"))
+		b, _ := cmd.CombinedOutput() // exit 3: node 1 is dead
+		if !regexp.MustCompile(`  node 1 died at [0-9:.]+; the ranks of node 1 restarted on node 2 in [0-9.]+ s; live again\n`).Match(b) {
+			t.Errorf("radic status --addr %s:\n%s", maddr, b)
+		}
 	})
 }

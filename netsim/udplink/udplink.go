@@ -1,0 +1,248 @@
+// Package udplink carries netsim torus and collective packets over UDP
+// between real processes: every Node is one torus node with one UDP
+// socket, and a packet for a distant node is forwarded hop by hop along
+// its dimension-order route by the daemons in between, as on the machine.
+// One datagram is one packet; the collective network's switches run in
+// the nodes too (netsim.Switch), so broadcast and reduce cost one packet
+// per tree link.
+package udplink
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/radic-project/radic/netsim"
+)
+
+// Config configures a Node.
+type Config struct {
+	Shape netsim.Shape
+	Self  netsim.NodeID
+	// Listen is the UDP address to bind, e.g. "127.0.0.1:0".
+	Listen string
+	// Handler receives the packets addressed to this node (torus packets
+	// and collective deliveries), on the node's receive goroutine; it owns
+	// pkt.
+	Handler netsim.Handler
+	Logf    func(format string, args ...any)
+}
+
+// Stats count the node's traffic; read them from any goroutine.
+type Stats struct {
+	Sent, Received, Forwarded, Delivered atomic.Uint64
+	LinkDownDrops, NoRoute, Malformed    atomic.Uint64
+	TreeSent, TreeDelivered              atomic.Uint64
+}
+
+// Node is one torus node on UDP.
+type Node struct {
+	cfg   Config
+	conn  *net.UDPConn
+	here  netsim.Coord
+	Stats Stats
+
+	mu sync.Mutex
+	// +checklocks:mu
+	addrs map[netsim.NodeID]netip.AddrPort
+	// +checklocks:mu
+	byAddr map[netip.AddrPort]netsim.NodeID
+	// +checklocks:mu
+	down [netsim.NumDirs]bool
+	// +checklocks:mu
+	sw *netsim.Switch
+
+	done chan struct{}
+}
+
+var _ netsim.Link = (*Node)(nil)
+
+// Listen binds the node's socket and starts its receive goroutine. Peers
+// must be set before packets can leave.
+func Listen(cfg Config) (*Node, error) {
+	if err := cfg.Shape.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	ua, err := net.ResolveUDPAddr("udp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("resolve %s: %w", cfg.Listen, err)
+	}
+	conn, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("listen udp %s: %w", cfg.Listen, err)
+	}
+	n := &Node{cfg: cfg, conn: conn, here: cfg.Shape.Coord(cfg.Self), done: make(chan struct{}),
+		sw: netsim.NewSwitch(netsim.Tree{N: cfg.Shape.Nodes()}, cfg.Self)}
+	go n.routineReceive()
+	return n, nil
+}
+
+// Addr is the bound address.
+func (n *Node) Addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// SetPeers sets the addresses of other nodes. A node needs only its six
+// torus neighbours and its tree parent and children.
+func (n *Node) SetPeers(addrs map[netsim.NodeID]netip.AddrPort) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.addrs = make(map[netsim.NodeID]netip.AddrPort, len(addrs))
+	n.byAddr = make(map[netip.AddrPort]netsim.NodeID, len(addrs))
+	for id, a := range addrs {
+		n.addrs[id] = a
+		n.byAddr[a] = id
+	}
+}
+
+// SetLink takes this node's link d down (packets routed over it are
+// dropped) or up.
+func (n *Node) SetLink(d netsim.Dir, up bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.down[d] = !up
+}
+
+// Close stops the node.
+func (n *Node) Close() error {
+	err := n.conn.Close()
+	<-n.done
+	return err
+}
+
+// Send puts a torus packet from this node on the torus; the node owns
+// pkt from now on (it counts hops in it).
+func (n *Node) Send(pkt []byte) error {
+	h, _, err := netsim.DecodeTorus(pkt)
+	if err != nil {
+		return err
+	}
+	if h.Src != n.here || !n.cfg.Shape.Contains(h.Dst) {
+		return fmt.Errorf("%w: %v -> %v sent from %v", netsim.ErrBadPacket, h.Src, h.Dst, n.here)
+	}
+	n.Stats.Sent.Add(1)
+	return n.route(h.Dst, pkt)
+}
+
+// SendTorus builds and sends a packet to dst.
+func (n *Node) SendTorus(dst netsim.NodeID, proto netsim.Proto, payload []byte) error {
+	return n.Send(netsim.AppendTorus(nil, netsim.TorusHeader{Proto: proto, Src: n.here, Dst: n.cfg.Shape.Coord(dst)}, payload))
+}
+
+// route sends pkt one hop towards dst, or delivers it here.
+func (n *Node) route(dst netsim.Coord, pkt []byte) error {
+	d, ok := n.cfg.Shape.NextHop(n.here, dst)
+	if !ok {
+		n.Stats.Delivered.Add(1)
+		if n.cfg.Handler != nil {
+			n.cfg.Handler(time.Now(), pkt)
+		}
+		return nil
+	}
+	next := n.cfg.Shape.ID(n.cfg.Shape.Neighbour(n.here, d))
+	n.mu.Lock()
+	down := n.down[d]
+	addr, known := n.addrs[next]
+	n.mu.Unlock()
+	if down {
+		n.Stats.LinkDownDrops.Add(1)
+		return nil
+	}
+	if !known {
+		n.Stats.NoRoute.Add(1)
+		return fmt.Errorf("udplink: no address for neighbour %d", next)
+	}
+	pkt[2]++ // hops: one more link crossed, as netsim.Sim counts
+	_, err := n.conn.WriteToUDPAddrPort(pkt, addr)
+	return err
+}
+
+// SendTree puts a collective packet (a broadcast, or this node's reduce
+// contribution) on the collective network.
+func (n *Node) SendTree(pkt []byte) error {
+	n.mu.Lock()
+	err := n.sw.Inject(pkt)
+	n.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	n.flushTree()
+	return nil
+}
+
+func (n *Node) flushTree() {
+	n.mu.Lock()
+	sends, deliver := n.sw.Ready()
+	addrs := make([]netip.AddrPort, len(sends))
+	for i, s := range sends {
+		addrs[i] = n.addrs[s.To]
+	}
+	n.mu.Unlock()
+	for _, d := range deliver {
+		n.Stats.TreeDelivered.Add(1)
+		if n.cfg.Handler != nil {
+			n.cfg.Handler(time.Now(), d)
+		}
+	}
+	for i, s := range sends {
+		if !addrs[i].IsValid() {
+			n.Stats.NoRoute.Add(1)
+			continue
+		}
+		n.Stats.TreeSent.Add(1)
+		n.conn.WriteToUDPAddrPort(s.Pkt, addrs[i])
+	}
+}
+
+// routineReceive reads datagrams until Close: delivers, forwards or feeds
+// the collective switch.
+func (n *Node) routineReceive() {
+	defer close(n.done)
+	n.cfg.Logf("udplink: node %d %v receiving on %v", n.cfg.Self, n.here, n.Addr())
+	defer n.cfg.Logf("udplink: node %d stopped", n.cfg.Self)
+	buf := make([]byte, 2*netsim.MaxTreePacket)
+	for {
+		m, from, err := n.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		n.Stats.Received.Add(1)
+		pkt := append([]byte(nil), buf[:m]...)
+		switch {
+		case m > 0 && pkt[0] == 'C':
+			n.mu.Lock()
+			id, ok := n.byAddr[from]
+			if ok {
+				err = n.sw.Step(id, pkt)
+			}
+			n.mu.Unlock()
+			if !ok || err != nil {
+				n.Stats.Malformed.Add(1)
+				continue
+			}
+			n.flushTree()
+		default:
+			h, _, err := netsim.DecodeTorus(pkt)
+			if err != nil || !n.cfg.Shape.Contains(h.Dst) {
+				n.Stats.Malformed.Add(1)
+				continue
+			}
+			if h.Dst != n.here {
+				if h.Hops == 255 {
+					n.Stats.Malformed.Add(1) // a routing loop; cannot happen with one route per pair
+					continue
+				}
+				n.Stats.Forwarded.Add(1)
+			}
+			n.route(h.Dst, pkt)
+		}
+	}
+}
