@@ -20,7 +20,11 @@
 // more than one tree the group is stopped first (SIGSTOP to every process,
 // waited for), so that nothing runs between the trees' dumps and the
 // image is one consistent cut of the node, then continued (SIGCONT) once
-// every dump is done. Each tree is dumped with --leave-running and
+// every dump is done. The stop is visible: a SIGCONT handler runs, and the
+// parent (radicd) may see CLD_STOPPED and CLD_CONTINUED. A cgroup freeze
+// would be invisible, but CRIU's --freeze-cgroup lasts one run (one tree),
+// and a freeze of our own held across CRIU's runs (which must run code in
+// the frozen tasks) was not tried. Each tree is dumped with --leave-running and
 // --tcp-close (connections are not frozen: the safe sockets' state that
 // matters lives in the process's memory, and the shim reconnects after a
 // restore); a checkpoint that is not LeaveRunning kills the group only

@@ -98,10 +98,10 @@ func (b *Backend) Checkpoint(ctx context.Context, req checkpoint.Request) (img *
 		}
 	}
 	dumped := time.Since(start)
-	for _, l := range []string{"stats-dump"} {
-		for i := range g.Roots {
-			os.Remove(filepath.Join(work, "r"+strconv.Itoa(i), l))
-		}
+	// CRIU's statistics are about this run, not part of what a restore
+	// needs (it may write them beside the images).
+	for i := range g.Roots {
+		os.Remove(filepath.Join(work, "r"+strconv.Itoa(i), "stats-dump"))
 	}
 	m := &image.Manifest{
 		Backend: Name, Tool: b.version, Node: g.Node, Created: time.Now().UTC(),
