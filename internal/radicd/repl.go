@@ -187,26 +187,30 @@ func (rp *replicator) stream(id heartbeat.NodeID) *replStream {
 	return s
 }
 
+// shipHooks are what a shipment tells its submitter; each runs on the
+// goroutine that learnt it (an ack reader: the hold path's shortest way
+// back to the process, or a closing stream) and must not block.
+type shipHooks struct {
+	onStable func() // the batch is stable
+	onFail   func() // the shipment failed: it must be submitted again
+	onStored func() // every protector has stored it: no stream holds the body any more
+}
+
 // submit sends body (encoded records; the replicator keeps it until every
-// protector has stored it: the caller must not change it) to every
-// protector, pipelined. The shipment's wait says when it is stable.
-//
-// onFail, if not nil, runs when the shipment fails (it must be submitted
-// again); it must not block.
-//
-// onStable, if not nil, runs once the batch is stable, on the goroutine
-// that read the last protector's ack (the hold path's shortest way back to
-// the process); it must not block.
-func (rp *replicator) submit(ctx context.Context, body []byte, onStable, onFail func()) shipment {
+// protector has stored it: the caller must not change it before
+// onStored) to every protector, pipelined. The shipment's wait says when
+// it is stable.
+func (rp *replicator) submit(ctx context.Context, body []byte, h shipHooks) shipment {
 	prots, err := rp.protectors(ctx)
 	if err != nil {
-		if onFail != nil {
-			onFail()
+		if h.onFail != nil {
+			h.onFail()
 		}
 		return failedShipment{err}
 	}
-	tk := &ticket{done: make(chan struct{}), need: rp.d.cfg.LogStable, onStable: onStable, onFail: onFail}
+	tk := &ticket{done: make(chan struct{}), need: rp.d.cfg.LogStable, hooks: h}
 	tk.left.Store(int32(len(prots)))
+	tk.storedLeft.Store(int32(len(prots)))
 	for _, id := range prots {
 		s := rp.stream(id)
 		tk.streams = append(tk.streams, s)
@@ -242,30 +246,36 @@ func (e *stillTrying) Error() string { return e.msg }
 
 // ticket is a batch submitted to a set of streams.
 type ticket struct {
-	left     atomic.Int32 // streams that have yet to make it stable
-	done     chan struct{}
-	once     sync.Once
-	failed   atomic.Pointer[error]
-	need     LogStable
-	streams  []*replStream
-	onStable func()
-	onFail   func()
+	left       atomic.Int32 // streams that have yet to make it stable
+	done       chan struct{}
+	once       sync.Once
+	failed     atomic.Pointer[error]
+	need       LogStable
+	streams    []*replStream
+	hooks      shipHooks
+	storedLeft atomic.Int32 // streams that have yet to store it
 }
 
 func (t *ticket) ackOne() {
 	if t.left.Add(-1) == 0 {
-		if t.onStable != nil && t.failed.Load() == nil {
-			t.onStable()
+		if t.hooks.onStable != nil && t.failed.Load() == nil {
+			t.hooks.onStable()
 		}
 		t.once.Do(func() { close(t.done) })
+	}
+}
+
+func (t *ticket) storedOne() {
+	if t.storedLeft.Add(-1) == 0 && t.hooks.onStored != nil {
+		t.hooks.onStored()
 	}
 }
 
 func (t *ticket) fail(err error) {
 	if t.failed.CompareAndSwap(nil, &err) {
 		t.once.Do(func() { close(t.done) })
-		if t.onFail != nil {
-			t.onFail()
+		if t.hooks.onFail != nil {
+			t.hooks.onFail()
 		}
 	}
 }
@@ -606,7 +616,9 @@ func (s *replStream) ack(recv, stored uint64, msg string) {
 	}
 	// Drop the stored ones.
 	j := 0
+	var done []*ticket
 	for j < len(s.pend) && s.pend[j].seq <= stored {
+		done = append(done, s.pend[j].tk)
 		s.pend[j] = nil
 		j++
 	}
@@ -614,6 +626,9 @@ func (s *replStream) ack(recv, stored uint64, msg string) {
 	s.mu.Unlock()
 	for _, t := range tell {
 		t.ackOne()
+	}
+	for _, t := range done {
+		t.storedOne()
 	}
 }
 
