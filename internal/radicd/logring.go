@@ -17,7 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer/logring"
 )
@@ -411,7 +410,6 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 		log.Info("RoutineLogRing stopped", "stable", stable)
 	}()
 	var buf []byte
-	var recs []msglog.Record
 	var nextIdx uint64
 	idle := false // woken (by the doorbell or the timeout) since the last drain
 	for ctx.Err() == nil {
@@ -447,21 +445,14 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 		}
 		head = r.boundary(head, logBatch)
 		rrecs, err := logring.DecodeAll(r.take(head, &buf))
-		if err == nil {
-			recs, err = r.conv.Convert(recs[:0], rrecs)
-		}
-		if err != nil {
-			log.Error("the log ring holds records that cannot be logged: the process's sends wait for ever", "err", err)
-			r.setError("radicd: " + err.Error())
-			return
-		}
 		// The body goes to the protectors' streams, which keep it until
 		// every protector has stored it (after it is stable, with
 		// --log-stable memory): a buffer of its own, reused once stored
 		// (a fresh 1 MiB per batch cost its zeroing and page faults).
-		size := 0
-		for i := range recs {
-			size += recs[i].Len()
+		// The records are encoded into it straight from the ring.
+		size := record.HeaderLen
+		for i := range rrecs {
+			size += record.HeaderLen + len(rrecs[i].Payload)
 		}
 		var body []byte
 		select {
@@ -471,11 +462,14 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 		if cap(body) < size {
 			body = make([]byte, 0, max(size, 64<<10))
 		}
-		body = body[:0]
 		var payload uint64
-		for i := range recs {
-			body = record.AppendRecord(body, &recs[i])
-			payload += uint64(len(recs[i].Payload))
+		if err == nil {
+			body, _, payload, err = r.conv.AppendEncoded(body[:0], rrecs)
+		}
+		if err != nil {
+			log.Error("the log ring holds records that cannot be logged: the process's sends wait for ever", "err", err)
+			r.setError("radicd: " + err.Error())
+			return
 		}
 		it := &inflight{idx: nextIdx, head: head, body: body, payload: payload, recs: len(rrecs)}
 		nextIdx++

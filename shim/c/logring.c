@@ -20,7 +20,6 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -34,7 +33,6 @@ static unsigned char *log_data;
 static uint64_t log_size, log_mask;
 static uint64_t log_reserved; /* process-local: bytes reserved by producers */
 static uint32_t log_commit_waiters;
-static uint64_t log_spin_ns = RADIC_LOG_SPIN_NS;
 
 static long futex(uint32_t *w, int op, uint32_t v, const struct timespec *ts)
 {
@@ -56,30 +54,6 @@ static void ring_doorbell(struct radic_log_hdr *h)
 	__atomic_add_fetch(&h->doorbell, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&h->consumer_waiting, __ATOMIC_SEQ_CST))
 		futex(&h->doorbell, FUTEX_WAKE, 1, NULL);
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000 + (uint64_t)t.tv_nsec;
-}
-
-/* Spins up to log_spin_ns for stable >= target; returns 1 if it got there. */
-static int spin_stable(struct radic_log_hdr *h, uint64_t target)
-{
-	if (log_spin_ns == 0)
-		return 0;
-	uint64_t end = now_ns() + log_spin_ns;
-	for (;;) {
-		for (int i = 0; i < 64; i++) {
-			if (__atomic_load_n(&h->stable, __ATOMIC_ACQUIRE) >= target)
-				return 1;
-			relax();
-		}
-		if (now_ns() >= end)
-			return 0;
-	}
 }
 
 static uint64_t now_ms(void)
@@ -108,7 +82,7 @@ static int wait_stable(struct radic_log_hdr *h, uint64_t target, int timeout_ms,
 		ring_doorbell(h);
 		/* Seen after our waiting count is: radicd either saw the count
 		 * or stored stable (and bumped seq) before this load. */
-		if (__atomic_load_n(&h->stable, __ATOMIC_SEQ_CST) < target && !spin_stable(h, target)) {
+		if (__atomic_load_n(&h->stable, __ATOMIC_SEQ_CST) < target) {
 			long ms = timeout_ms >= 0 ? (long)((uint64_t)timeout_ms - el) : 1000;
 			if (ms > 1000)
 				ms = 1000;
@@ -265,9 +239,6 @@ void radic_log_enable(struct radic_log_hdr *h, int unsafe_acks)
 	log_mask = log_size - 1;
 	log_reserved = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
 	radic_log_unsafe = unsafe_acks;
-	const char *spin = getenv("RADIC_LOG_SPIN_US");
-	if (spin != NULL && *spin)
-		log_spin_ns = (uint64_t)strtoul(spin, NULL, 10) * 1000;
 	__atomic_store_n(&radic_logring, h, __ATOMIC_RELEASE);
 }
 

@@ -26,8 +26,6 @@
 #define RADIC_LOG_VERSION 1
 #define RADIC_LOG_HDR 4096
 #define RADIC_LOG_REC_HDR 32
-/* How long a hold spins on stable before it sleeps (RADIC_LOG_SPIN_US). */
-#define RADIC_LOG_SPIN_NS 0
 
 enum { RADIC_LOG_DATA = 1, RADIC_LOG_RECV = 2, RADIC_LOG_RECV_DATA = 3 };
 
