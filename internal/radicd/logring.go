@@ -259,7 +259,10 @@ const (
 // sleep waits for the doorbell (or logIdle): radicd drains a ring only
 // when its process is about to wait for the log (a send, a close, an
 // acknowledgement, a full ring), or at the latest every logIdle.
-func (r *logRing) sleep() {
+//
+// It returns true if the doorbell rang (or was ringing), false after a
+// timeout.
+func (r *logRing) sleep() bool {
 	bell := r.u32(logring.OffDoorbell)
 	waiting := r.u32(logring.OffConsumerWaiting)
 	seen := atomic.LoadUint32(bell)
@@ -273,6 +276,7 @@ func (r *logRing) sleep() {
 		futex(bell, futexWait, seen, &ts)
 	}
 	atomic.StoreUint32(waiting, 0)
+	return atomic.LoadUint32(bell) != seen
 }
 
 // publishLocked stores the stable offset and wakes the process's waiters.
@@ -411,10 +415,11 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 	}()
 	var buf []byte
 	var nextIdx uint64
-	idle := false // woken (by the doorbell or the timeout) since the last drain
+	idle := false     // woken (by the doorbell or the timeout) since the last drain
+	checkExit := true // a sleep timed out: is the process gone? (a system call, not paid per hold)
 	for ctx.Err() == nil {
 		head := atomic.LoadUint64(r.u64(logring.OffHead))
-		if head == r.sent && r.exited() {
+		if head == r.sent && checkExit && r.exited() {
 			if atomic.LoadUint64(r.u64(logring.OffHead)) == r.sent {
 				return
 			}
@@ -426,7 +431,7 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			// shipping (the process pays nothing for it), so that a
 			// stream whose receiver rarely waits is not logged in fits
 			// and starts, each ending when the waiter is satisfied.
-			r.sleep()
+			checkExit = !r.sleep()
 			idle = true
 			continue
 		}
