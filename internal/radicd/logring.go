@@ -483,7 +483,9 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 		r.pmu.Lock()
 		it.sh = sh
 		r.pmu.Unlock()
-		if r.retryIdle.CompareAndSwap(true, false) {
+		// A shipment that failed at once kicked the retry routine before
+		// it.sh was set: kick it again, now that it can see it.
+		if err := sh.poll(); (err != nil && !errors.Is(err, errInFlight)) || r.retryIdle.CompareAndSwap(true, false) {
 			r.kickRetry()
 		}
 		r.sent = head
