@@ -81,6 +81,14 @@ type Options struct {
 	// recent records (Stats.MemBytes). Older records are read from disk.
 	// The index is sparse, so it takes a small fraction of it.
 	MemoryLimit int64
+	// DropSynced: after each fsync, drop the file's synced pages from the
+	// page cache (posix_fadvise DONTNEED). For a write-once log read back
+	// only after a failure (its recent records are in the store's own
+	// cache anyway): the freed pages are reused by the next writes instead
+	// of the page cache taking ever new ones. On a VM, a page the guest
+	// never used costs a host fault when first written: writing into new
+	// page cache ran at ~390 MB/s here, into reused pages at 4.7 GB/s.
+	DropSynced bool
 
 	// Logf, if set, receives recovery and background-error messages.
 	Logf func(format string, args ...any)

@@ -561,6 +561,9 @@ func (s *Store) rotateLocked() error {
 		return s.broken
 	}
 	s.stats.Syncs.Add(1)
+	if s.opts.DropSynced {
+		dropCache(old.f)
+	}
 	seg, err := createSegment(s.dir, old.id+1)
 	if err != nil {
 		if isSpace(err) {
@@ -690,7 +693,20 @@ func (s *Store) syncTo(seq uint64) error {
 	}
 	s.stats.Syncs.Add(1)
 	s.synced = target
+	if s.opts.DropSynced {
+		dropCache(act.f)
+	}
 	return nil
+}
+
+// dropCache drops f's clean pages from the page cache (best effort).
+func dropCache(f *os.File) {
+	const fadvDontNeed = 4 // POSIX_FADV_DONTNEED
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			syscall.Syscall6(syscall.SYS_FADVISE64, fd, 0, 0, fadvDontNeed, 0, 0)
+		})
+	}
 }
 
 // Sync makes every record appended so far durable.

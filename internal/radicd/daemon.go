@@ -144,6 +144,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.inc = inc
 	st, err := openStores(filepath.Join(cfg.StateDir, "store"), msglog.Options{
 		Sync: cfg.StoreSync, MaxBytes: cfg.StoreMax, MemoryLimit: cfg.StoreMemory,
+		// The protected nodes' logs are read back only after a failure.
+		DropSynced: true,
 	}, log)
 	if err != nil {
 		return nil, err

@@ -17,7 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer/logring"
 )
@@ -44,13 +43,13 @@ type logRings struct {
 	// submit ships encoded records to every protector (the daemon's
 	// replication streams, repl.go); when nil, replicate stores them,
 	// blocking (a fake in tests).
-	submit    func(ctx context.Context, body []byte, onStable func()) shipment
+	submit    func(ctx context.Context, body []byte, h shipHooks) shipment
 	replicate func(ctx context.Context, body []byte) error
 
 	bytes   atomic.Uint64
 	records atomic.Uint64
 	active  atomic.Int64
-	stuck   atomic.Int64 // rings whose last shipment failed
+	stuck   atomic.Int64 // rings whose shipments fail
 }
 
 // logRing is one process's mapped ring.
@@ -63,46 +62,77 @@ type logRing struct {
 	conv  *logring.Converter
 	sent  uint64 // shipped (the drain's)
 
+	lr *logRings
+
+	// retry wakes routineLogRetry: a shipment failed, or the first batch
+	// after it went idle (retryIdle) was shipped. room: a batch was
+	// published (the drain may wait for room among logInflight).
+	retry     chan struct{}
+	retryIdle atomic.Bool
+	room      chan struct{}
+	free      chan []byte // bodies stored by every protector, for reuse
+	failing   atomic.Bool // the header holds a shipment's failure
+
 	pmu sync.Mutex
 	// +checklocks:pmu
 	stable uint64 // published
 	// +checklocks:pmu
-	pend []pendPub // shipped, not yet published, in order
+	pend []*inflight // shipped, not yet published, in order
 }
 
-// pendPub is a shipped batch waiting for its turn to be published.
-type pendPub struct {
-	idx  uint64
-	head uint64
-	done bool
-}
-
-// addPending registers batch idx (ending at head) before it is shipped.
-func (r *logRing) addPending(idx, head uint64) {
+// addPending registers a batch before it is shipped.
+func (r *logRing) addPending(it *inflight) {
 	r.pmu.Lock()
-	r.pend = append(r.pend, pendPub{idx: idx, head: head})
+	r.pend = append(r.pend, it)
 	r.pmu.Unlock()
+}
+
+// pending is how many batches are shipped and not yet published.
+func (r *logRing) pending() int {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	return len(r.pend)
 }
 
 // markStable notes batch idx stable and publishes every batch stable in
 // order from the oldest: whoever learns it first (the goroutine that read
-// the last protector's ack, or the acks routine) moves the process on.
+// the last protector's ack) moves the process on, with no other goroutine
+// woken on the way.
 func (r *logRing) markStable(idx uint64) {
 	r.pmu.Lock()
-	defer r.pmu.Unlock()
-	if len(r.pend) == 0 || idx < r.pend[0].idx {
+	if len(r.pend) == 0 || idx < r.pend[0].idx || idx-r.pend[0].idx >= uint64(len(r.pend)) {
+		r.pmu.Unlock()
 		return // published already
 	}
 	r.pend[idx-r.pend[0].idx].done = true
-	var head uint64
+	var head, payload uint64
+	recs := 0
 	n := 0
 	for n < len(r.pend) && r.pend[n].done {
 		head = r.pend[n].head
+		payload += r.pend[n].payload
+		recs += r.pend[n].recs
+		r.pend[n] = nil
 		n++
 	}
 	if n > 0 {
 		r.pend = r.pend[n:]
+		if r.failing.Load() {
+			r.failing.Store(false)
+			r.setError("")
+			r.lr.stuck.Add(-1)
+			r.lr.log.Info("received bytes are logged again", "lpid", r.reg.Lpid, "pid", r.reg.Pid)
+		}
 		r.publishLocked(head)
+	}
+	r.pmu.Unlock()
+	if n > 0 {
+		r.lr.bytes.Add(payload)
+		r.lr.records.Add(uint64(recs))
+		select {
+		case r.room <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -168,7 +198,7 @@ func mapLogRing(reg logRegistration) (*logRing, error) {
 	if err != nil {
 		return fail("cannot map it: %v", err)
 	}
-	r := &logRing{reg: reg, mem: mem, pidfd: -1}
+	r := &logRing{reg: reg, mem: mem, pidfd: -1, retry: make(chan struct{}, 1), room: make(chan struct{}, 1), free: make(chan []byte, 2*logInflight)}
 	hdr := func(off int) uint64 { return atomic.LoadUint64(r.u64(off)) }
 	size := hdr(logring.OffDataSize)
 	switch {
@@ -229,7 +259,10 @@ const (
 // sleep waits for the doorbell (or logIdle): radicd drains a ring only
 // when its process is about to wait for the log (a send, a close, an
 // acknowledgement, a full ring), or at the latest every logIdle.
-func (r *logRing) sleep() {
+//
+// It returns true if the doorbell rang (or was ringing), false after a
+// timeout.
+func (r *logRing) sleep() bool {
 	bell := r.u32(logring.OffDoorbell)
 	waiting := r.u32(logring.OffConsumerWaiting)
 	seen := atomic.LoadUint32(bell)
@@ -243,6 +276,7 @@ func (r *logRing) sleep() {
 		futex(bell, futexWait, seen, &ts)
 	}
 	atomic.StoreUint32(waiting, 0)
+	return atomic.LoadUint32(bell) != seen
 }
 
 // publishLocked stores the stable offset and wakes the process's waiters.
@@ -337,25 +371,42 @@ type inflight struct {
 	sh      shipment
 	payload uint64
 	recs    int
+	done    bool // stable (under the ring's pmu)
 }
 
 // routineLogRing drains one process's ring until the process has exited
 // and everything it appended is stable. It ships batch after batch
-// without waiting for the protectors (up to logInflight); its acks
-// routine waits for each in order and publishes the stable offset.
+// without waiting for the protectors (up to logInflight); the goroutine
+// that reads a batch's last ack publishes the stable offset
+// (markStable), and routineLogRetry, woken only when a shipment fails or
+// after idleness, sends again what failed and says why.
+//
+// Nothing but the drain and that ack reader runs per batch: a hand-off to
+// a goroutine per batch (the shipment's waiter) cost two goroutine
+// wake-ups per hold, each waking an OS thread on this 2-core host.
 func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 	log := lr.log.With("lpid", r.reg.Lpid, "pid", r.reg.Pid, "job", r.reg.Job)
 	log.Info("RoutineLogRing starting", "ring_bytes", r.size)
-	q := make(chan inflight, logInflight)
-	free := make(chan []byte, logInflight+1)
-	acksDone := make(chan struct{})
+	r.lr = lr
+	stopRetry := make(chan struct{})
+	retryDone := make(chan struct{})
+	r.retryIdle.Store(false)
 	go func() {
-		defer close(acksDone)
-		lr.routineLogAcks(ctx, r, log, q, free)
+		defer close(retryDone)
+		lr.routineLogRetry(ctx, r, log, stopRetry)
 	}()
 	defer func() {
-		close(q)
-		<-acksDone
+		// Everything shipped is stable before the ring goes (or the
+		// daemon stops).
+		for r.pending() > 0 && ctx.Err() == nil {
+			select {
+			case <-r.room:
+			case <-ctx.Done():
+			case <-time.After(logIdle):
+			}
+		}
+		close(stopRetry)
+		<-retryDone
 		r.close()
 		r.pmu.Lock()
 		stable := r.stable
@@ -363,12 +414,12 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 		log.Info("RoutineLogRing stopped", "stable", stable)
 	}()
 	var buf []byte
-	var recs []msglog.Record
 	var nextIdx uint64
-	idle := false // woken (by the doorbell or the timeout) since the last drain
+	idle := false     // woken (by the doorbell or the timeout) since the last drain
+	checkExit := true // a sleep timed out: is the process gone? (a system call, not paid per hold)
 	for ctx.Err() == nil {
 		head := atomic.LoadUint64(r.u64(logring.OffHead))
-		if head == r.sent && r.exited() {
+		if head == r.sent && checkExit && r.exited() {
 			if atomic.LoadUint64(r.u64(logring.OffHead)) == r.sent {
 				return
 			}
@@ -380,7 +431,7 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			// shipping (the process pays nothing for it), so that a
 			// stream whose receiver rarely waits is not logged in fits
 			// and starts, each ending when the waiter is satisfied.
-			r.sleep()
+			checkExit = !r.sleep()
 			idle = true
 			continue
 		}
@@ -390,86 +441,165 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 			r.setError("radicd: the ring's head is out of range")
 			return
 		}
+		for r.pending() >= logInflight {
+			select {
+			case <-r.room:
+			case <-ctx.Done():
+				return
+			}
+		}
 		head = r.boundary(head, logBatch)
 		rrecs, err := logring.DecodeAll(r.take(head, &buf))
+		// The body goes to the protectors' streams, which keep it until
+		// every protector has stored it (after it is stable, with
+		// --log-stable memory): a buffer of its own, reused once stored
+		// (a fresh 1 MiB per batch cost its zeroing and page faults).
+		// The records are encoded into it straight from the ring.
+		size := record.HeaderLen
+		for i := range rrecs {
+			size += record.HeaderLen + len(rrecs[i].Payload)
+		}
+		var body []byte
+		select {
+		case body = <-r.free:
+		default:
+		}
+		if cap(body) < size {
+			body = make([]byte, 0, max(size, 64<<10))
+		}
+		var payload uint64
 		if err == nil {
-			recs, err = r.conv.Convert(recs[:0], rrecs)
+			body, _, payload, err = r.conv.AppendEncoded(body[:0], rrecs)
 		}
 		if err != nil {
 			log.Error("the log ring holds records that cannot be logged: the process's sends wait for ever", "err", err)
 			r.setError("radicd: " + err.Error())
 			return
 		}
-		// The body goes to the protectors' streams, which keep it until
-		// stored: a buffer of its own (recycled by the acks routine).
-		var body []byte
-		select {
-		case body = <-free:
-		default:
-		}
-		body = body[:0]
-		var payload uint64
-		for i := range recs {
-			body = record.AppendRecord(body, &recs[i])
-			payload += uint64(len(recs[i].Payload))
-		}
-		idx := nextIdx
+		it := &inflight{idx: nextIdx, head: head, body: body, payload: payload, recs: len(rrecs)}
 		nextIdx++
-		r.addPending(idx, head)
-		it := inflight{idx: idx, head: head, body: body, sh: lr.ship(ctx, r, idx, body), payload: payload, recs: len(rrecs)}
-		select {
-		case q <- it:
-		case <-acksDone:
-			return
-		case <-ctx.Done():
-			return
+		r.addPending(it)
+		sh := lr.ship(ctx, r, it.idx, body)
+		r.pmu.Lock()
+		it.sh = sh
+		r.pmu.Unlock()
+		// A shipment that failed at once kicked the retry routine before
+		// it.sh was set: kick it again, now that it can see it.
+		if err := sh.poll(); (err != nil && !errors.Is(err, errInFlight)) || r.retryIdle.CompareAndSwap(true, false) {
+			r.kickRetry()
 		}
 		r.sent = head
+	}
+}
+
+// recycle takes back a body every protector has stored.
+func (r *logRing) recycle(body []byte) {
+	select {
+	case r.free <- body[:0]:
+	default:
+	}
+}
+
+func (r *logRing) kickRetry() {
+	select {
+	case r.retry <- struct{}{}:
+	default:
 	}
 }
 
 // ship starts a batch on its way to the protectors.
 func (lr *logRings) ship(ctx context.Context, r *logRing, idx uint64, body []byte) shipment {
 	if lr.submit != nil {
-		return lr.submit(ctx, body, func() { r.markStable(idx) })
+		return lr.submit(ctx, body, shipHooks{
+			onStable: func() { r.markStable(idx) },
+			onFail:   r.kickRetry,
+			onStored: func() { r.recycle(body) },
+		})
 	}
-	return syncShipment{lr.replicate, body}
+	s := &syncShipment{done: make(chan struct{})}
+	go func() {
+		err := lr.replicate(ctx, body)
+		s.err = err
+		close(s.done)
+		if err == nil {
+			r.markStable(idx)
+		} else {
+			r.kickRetry()
+		}
+	}()
+	return s
 }
 
 // syncShipment ships through a blocking replicate (tests).
 type syncShipment struct {
-	replicate func(ctx context.Context, body []byte) error
-	body      []byte
+	done chan struct{}
+	err  error
 }
 
-func (s syncShipment) wait(ctx context.Context) error { return s.replicate(ctx, s.body) }
+func (s *syncShipment) wait(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return s.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
-// routineLogAcks waits for the ring's shipments in order, publishes each
-// one's stable offset, and sends again those that fail, until they are
-// stable (or the daemon stops). While one is not, the process's sends
-// wait: the reason is logged (once per reason, and every 10 s) and left in
-// the ring's header for the process's own log.
-func (lr *logRings) routineLogAcks(ctx context.Context, r *logRing, log *slog.Logger, q <-chan inflight, free chan<- []byte) {
-	for it := range q {
-		backoff := 20 * time.Millisecond
-		var lastMsg string
-		var lastAt time.Time
-		failed := false
-		for {
-			err := it.sh.wait(ctx)
-			if err == nil {
-				break
+func (s *syncShipment) poll() error {
+	select {
+	case <-s.done:
+		return s.err
+	default:
+		return errInFlight
+	}
+}
+
+// routineLogRetry looks after the ring's shipments that are not stable:
+// it sends again those that failed (after a backoff, the oldest first)
+// and, while one fails or a protector reports a problem, says why (logged
+// once per reason and every 10 s, and left in the ring's header for the
+// process's own log). It sleeps while nothing is pending: it is woken by
+// a failure (the ticket's onFail) or by the first batch shipped after it
+// went idle, then looks again every second while batches are pending.
+func (lr *logRings) routineLogRetry(ctx context.Context, r *logRing, log *slog.Logger, stop <-chan struct{}) {
+	backoff := 20 * time.Millisecond
+	var retryAt time.Time
+	var lastMsg string
+	var lastAt time.Time
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-stop:
+			return
+		case <-r.retry:
+		case <-t.C:
+		}
+		t.Stop()
+		// The shipments not yet stable, oldest first.
+		r.pmu.Lock()
+		var open []*inflight
+		for _, it := range r.pend {
+			if !it.done && it.sh != nil {
+				open = append(open, it)
 			}
-			if ctx.Err() != nil {
-				return
+		}
+		r.pmu.Unlock()
+		next := time.Duration(0)
+		failedAny := false
+		for _, it := range open {
+			err := it.sh.poll()
+			if err == nil || errors.Is(err, errInFlight) {
+				continue
 			}
 			msg := err.Error()
 			var he *httpError
 			if errors.As(err, &he) && he.code == http.StatusInsufficientStorage {
 				msg = "a protector's store is full (507): " + msg
 			}
-			if !failed {
-				failed = true
+			if r.failing.CompareAndSwap(false, true) {
 				lr.stuck.Add(1)
 			}
 			if msg != lastMsg || time.Since(lastAt) > 10*time.Second {
@@ -481,25 +611,37 @@ func (lr *logRings) routineLogAcks(ctx context.Context, r *logRing, log *slog.Lo
 			if errors.As(err, &still) {
 				continue // the shipment goes on
 			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
+			failedAny = true
+			if now := time.Now(); now.Before(retryAt) {
+				next = retryAt.Sub(now)
+				break
 			}
-			backoff = min(2*backoff, 2*time.Second)
-			it.sh = lr.ship(ctx, r, it.idx, it.body)
+			sh := lr.ship(ctx, r, it.idx, it.body)
+			r.pmu.Lock()
+			it.sh = sh
+			r.pmu.Unlock()
 		}
-		if failed {
-			lr.stuck.Add(-1)
-			r.setError("")
-			log.Info("received bytes are logged again", "bytes", len(it.body))
+		if failedAny {
+			if next == 0 {
+				retryAt = time.Now().Add(backoff)
+				backoff = min(2*backoff, 2*time.Second)
+				next = time.Until(retryAt)
+			}
+		} else {
+			backoff = 20 * time.Millisecond
+			retryAt = time.Time{}
 		}
-		lr.bytes.Add(it.payload)
-		lr.records.Add(uint64(it.recs))
-		r.markStable(it.idx)
-		select {
-		case free <- it.body[:0]:
+		switch {
+		case next > 0:
+			t.Reset(next)
+		case len(open) > 0:
+			t.Reset(time.Second)
 		default:
+			// Idle: the next batch shipped wakes us.
+			r.retryIdle.Store(true)
+			if r.pending() > 0 && r.retryIdle.CompareAndSwap(true, false) {
+				t.Reset(time.Second)
+			}
 		}
 	}
 }

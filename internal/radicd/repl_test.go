@@ -110,7 +110,7 @@ func TestReplStreamPipelinedAndResent(t *testing.T) {
 			stableOrder := make(chan int, 100)
 			for i := range 20 {
 				payload := bytes.Repeat([]byte{byte('a' + i)}, 100+i)
-				ships = append(ships, p.rp.submit(ctx, dataBody(9, uint64(len(want)), payload), func() { stableOrder <- i }))
+				ships = append(ships, p.rp.submit(ctx, dataBody(9, uint64(len(want)), payload), shipHooks{onStable: func() { stableOrder <- i }}))
 				want = append(want, payload...)
 			}
 			for i, sh := range ships {
@@ -138,7 +138,7 @@ func TestReplStreamPipelinedAndResent(t *testing.T) {
 			ships = ships[:0]
 			for i := range 10 {
 				payload := bytes.Repeat([]byte{byte('A' + i)}, 1000)
-				ships = append(ships, p.rp.submit(ctx, dataBody(9, uint64(len(want)), payload), nil))
+				ships = append(ships, p.rp.submit(ctx, dataBody(9, uint64(len(want)), payload), shipHooks{}))
 				want = append(want, payload...)
 			}
 			for i, sh := range ships {
@@ -170,7 +170,7 @@ func TestReplStreamProtectorGone(t *testing.T) {
 	ctx := context.Background()
 	// Nobody listens at this address: the batch waits.
 	p.rp.addr = func(heartbeat.NodeID) (netip.AddrPort, bool) { return netip.MustParseAddrPort("127.0.0.1:1"), true }
-	sh := p.rp.submit(ctx, dataBody(9, 0, []byte("x")), nil)
+	sh := p.rp.submit(ctx, dataBody(9, 0, []byte("x")), shipHooks{})
 	p.rp.mu.Lock()
 	p.rp.protsAt = time.Time{}
 	p.rp.mu.Unlock()
@@ -198,7 +198,7 @@ func TestReplStreamStoreFull(t *testing.T) {
 		t.Run(stable.String(), func(t *testing.T) {
 			p := newReplPairOpts(t, stable, msglog.Options{Sync: msglog.SyncAlways, MaxBytes: 16 << 10})
 			ctx := context.Background()
-			sh := p.rp.submit(ctx, dataBody(9, 0, bytes.Repeat([]byte("z"), 64<<10)), nil)
+			sh := p.rp.submit(ctx, dataBody(9, 0, bytes.Repeat([]byte("z"), 64<<10)), shipHooks{})
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			err := sh.wait(wctx)

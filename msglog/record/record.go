@@ -125,6 +125,25 @@ func AppendRecord(b []byte, r *Record) []byte {
 	return b
 }
 
+// Seal encodes, in place, the record whose payload already sits at
+// b[HeaderLen:] (an encoder that writes payloads straight into the
+// frame, a copy fewer than AppendRecord): the header from f and the
+// checksum. len(b) must be HeaderLen + f.Length, and the record valid
+// (see [Record.Validate]); it panics otherwise.
+func Seal(b []byte, f *Fields) {
+	r := Record{Kind: f.Kind, Owner: f.Owner, Stream: f.Stream, Offset: f.Offset}
+	if len(b) < HeaderLen || uint64(len(b)-HeaderLen) != uint64(f.Length) {
+		panic("record: Seal: the buffer does not hold the header and f.Length bytes")
+	}
+	r.Payload = b[HeaderLen:]
+	if err := r.Validate(); err != nil {
+		panic("record: Seal: " + err.Error())
+	}
+	h := Header(b)
+	h.Encode(f)
+	h.setCRC(checksum(h[:offCRC], r.Payload))
+}
+
 func checksum(hdr, payload []byte) uint32 {
 	c := crc32.Update(0, castagnoli, hdr)
 	return crc32.Update(c, castagnoli, payload)

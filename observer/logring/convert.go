@@ -5,6 +5,7 @@ import (
 	"syscall"
 
 	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer"
 )
 
@@ -54,6 +55,79 @@ func (e *ConvertError) Error() string {
 // holding the batch's determinants in order. Payloads are copied. On error
 // the converter's state is unchanged and out is returned as it came.
 func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record, error) {
+	plan, state, err := c.plan(recs)
+	if err != nil {
+		return out, err
+	}
+	for i := range plan {
+		pr := &plan[i]
+		if pr.pieces != nil {
+			p := make([]byte, 0, pr.n)
+			for _, x := range pr.pieces {
+				p = append(p, x...)
+			}
+			pr.rec.Payload = p
+		}
+		out = append(out, pr.rec)
+	}
+	c.commit(state, plan)
+	return out, nil
+}
+
+// AppendEncoded is Convert followed by record.AppendRecord of each record
+// onto body, with each ring payload copied once, straight into body (the
+// drain's path: a copy fewer per logged byte). It returns the records'
+// count and payload bytes. On error body is returned as it came and the
+// converter's state is unchanged.
+func (c *Converter) AppendEncoded(body []byte, recs []Record) ([]byte, int, uint64, error) {
+	plan, state, err := c.plan(recs)
+	if err != nil {
+		return body, 0, 0, err
+	}
+	var payload uint64
+	for i := range plan {
+		pr := &plan[i]
+		start := len(body)
+		body = append(body, make([]byte, record.HeaderLen)...)
+		if pr.pieces != nil {
+			for _, x := range pr.pieces {
+				body = append(body, x...)
+			}
+		} else {
+			body = append(body, pr.rec.Payload...)
+		}
+		record.Seal(body[start:], &record.Fields{Kind: pr.rec.Kind, Length: uint32(pr.n),
+			Owner: pr.rec.Owner, Stream: pr.rec.Stream, Offset: pr.rec.Offset})
+		payload += uint64(pr.n)
+	}
+	c.commit(state, plan)
+	return body, len(plan), payload, nil
+}
+
+// planRec is one output record of a batch before its payload is built:
+// a data record's payload is pieces of the ring records (n bytes in all),
+// a determinant record's its own.
+type planRec struct {
+	rec    msglog.Record
+	pieces [][]byte
+	n      int
+}
+
+// commit makes a converted batch's view the converter's state.
+func (c *Converter) commit(state map[uint64]*connLog, plan []planRec) {
+	for conn, cl := range state {
+		c.conns[conn] = cl
+	}
+	for i := range plan {
+		if plan[i].rec.Kind == msglog.KindDeterminant {
+			c.detOff += uint64(plan[i].n)
+		}
+	}
+}
+
+// plan converts recs without copying: see Convert.
+func (c *Converter) plan(recs []Record) ([]planRec, map[uint64]*connLog, error) {
+	var out []planRec
 	state := map[uint64]*connLog{} // the batch's view, committed at the end
 	get := func(conn uint64) (*connLog, bool) {
 		if cl := state[conn]; cl != nil {
@@ -67,18 +141,10 @@ func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record
 		state[conn] = n
 		return n, ok
 	}
-	start := len(out)
 	open := map[uint64]int{} // conn -> index in out of its growing data record
 	var dets []byte
-	fail := func(i int, r Record, why string) ([]msglog.Record, error) {
-		return out[:start], &ConvertError{Index: i, Rec: r, Why: why}
-	}
-	// Each connection's bytes in this batch, so that a data record is
-	// allocated once at the size it will grow to (appending receive
-	// after receive would copy its bytes again at every doubling).
-	left := map[uint64]int{}
-	for _, r := range recs {
-		left[r.Conn] += len(r.Payload)
+	fail := func(i int, r Record, why string) ([]planRec, map[uint64]*connLog, error) {
+		return nil, nil, &ConvertError{Index: i, Rec: r, Why: why}
 	}
 	for i, r := range recs {
 		if r.Conn == observer.DeterminantStream {
@@ -92,15 +158,14 @@ func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record
 			if !seen {
 				cl.next = r.Offset
 			}
-			if j, ok := open[r.Conn]; ok && len(out[j].Payload)+len(r.Payload) <= maxCoalesce {
-				out[j].Payload = append(out[j].Payload, r.Payload...)
+			if j, ok := open[r.Conn]; ok && out[j].n+len(r.Payload) <= maxCoalesce {
+				out[j].pieces = append(out[j].pieces, r.Payload)
+				out[j].n += len(r.Payload)
 			} else {
 				open[r.Conn] = len(out)
-				p := make([]byte, 0, max(len(r.Payload), min(left[r.Conn], maxCoalesce)))
-				out = append(out, msglog.Record{Kind: msglog.KindData, Owner: c.owner, Stream: r.Conn,
-					Offset: r.Offset, Payload: append(p, r.Payload...)})
+				out = append(out, planRec{rec: msglog.Record{Kind: msglog.KindData, Owner: c.owner, Stream: r.Conn,
+					Offset: r.Offset}, pieces: [][]byte{r.Payload}, n: len(r.Payload)})
 			}
-			left[r.Conn] -= len(r.Payload)
 			cl.next += uint64(len(r.Payload))
 		}
 		var d observer.Determinant
@@ -136,14 +201,10 @@ func (c *Converter) Convert(out []msglog.Record, recs []Record) ([]msglog.Record
 		}
 	}
 	if len(dets) > 0 {
-		out = append(out, msglog.Record{Kind: msglog.KindDeterminant, Owner: c.owner,
-			Stream: observer.DeterminantStream, Offset: c.detOff, Payload: dets})
+		out = append(out, planRec{rec: msglog.Record{Kind: msglog.KindDeterminant, Owner: c.owner,
+			Stream: observer.DeterminantStream, Offset: c.detOff, Payload: dets}, n: len(dets)})
 	}
-	for conn, cl := range state {
-		c.conns[conn] = cl
-	}
-	c.detOff += uint64(len(dets))
-	return out, nil
+	return out, state, nil
 }
 
 // DecodeAll decodes every record of b (a drained, unwrapped stretch of

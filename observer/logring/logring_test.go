@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer"
 )
 
@@ -191,6 +192,18 @@ func FuzzConvert(f *testing.F) {
 		}
 		if data != in {
 			t.Fatalf("data records hold %d bytes, the ring records %d", data, in)
+		}
+		// The drain's path encodes the same records, byte for byte.
+		var want []byte
+		var wantPayload uint64
+		for i := range out {
+			want = record.AppendRecord(want, &out[i])
+			wantPayload += uint64(len(out[i].Payload))
+		}
+		got, n, payload, err := NewConverter(1, 0).AppendEncoded([]byte("x"), recs)
+		if err != nil || n != len(out) || payload != wantPayload || !bytes.Equal(got[1:], want) {
+			t.Fatalf("AppendEncoded = %d records of %d payload bytes, %v; want %d of %d as Convert+AppendRecord encode them (same bytes: %v)",
+				n, payload, err, len(out), wantPayload, bytes.Equal(got[1:], want))
 		}
 	})
 }
