@@ -224,12 +224,19 @@ func (sh *terminalShell) shellHasTerminal(t *testing.T) {
 	}
 }
 
+// transcript is the end of what the terminal printed.
+func (sh *terminalShell) transcript() string {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return tail(sh.out.String(), 30)
+}
+
 // continued waits until the stopped pid runs again.
 func (sh *terminalShell) continued(t *testing.T, pid int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); procState(pid) == "T"; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d was never continued", pid)
+			t.Fatalf("%d was never continued; the terminal:\n%s", pid, sh.transcript())
 		}
 	}
 }
@@ -248,6 +255,25 @@ func sessionMembers(sid int) []int {
 		}
 	}
 	return pids
+}
+
+// stopped reports whether every thread of pid is stopped. The kernel
+// tells the parent (SIGCHLD, waitpid) only once the whole thread group has
+// stopped, and a preloaded process has the Go runtime's threads besides
+// its main one: its main thread alone can be stopped a moment earlier.
+func stopped(pid int) bool {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i < 0 || i+2 >= len(s) || s[i+2] != 'T' {
+			return false
+		}
+	}
+	return len(tasks) > 0
 }
 
 func procState(pid int) string {
@@ -273,8 +299,8 @@ func (sh *terminalShell) jobControlRound(t *testing.T, round int) {
 	if got := sh.mark(t, "tstp", "$?"); got != "148" {
 		t.Errorf("round %d: status after ^Z = %s, want 148 (stopped by SIGTSTP)", round, got)
 	}
-	if st := procState(pid); st != "T" {
-		t.Errorf("round %d: sleep %d is in state %s after ^Z, want T (stopped)", round, pid, st)
+	if !stopped(pid) {
+		t.Errorf("round %d: sleep %d is in state %s after ^Z, want every thread stopped", round, pid, procState(pid))
 	}
 	if got := sh.jobs(t, "-s"); !slices.Equal(got, []int{pid}) {
 		t.Errorf("round %d: stopped jobs after ^Z: %v, want the sleep %d", round, got, pid)
@@ -299,13 +325,13 @@ func (sh *terminalShell) jobControlRound(t *testing.T, round int) {
 	if err != nil {
 		t.Fatalf("round %d: no pid for the background cat: %v", round, err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); procState(bg) != "T"; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !stopped(bg); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("round %d: the background cat %d reading the terminal is in state %s, want T (SIGTTIN)", round, bg, procState(bg))
 		}
 	}
 	if got := sh.jobs(t, "-s"); !slices.Equal(got, []int{bg}) {
-		t.Errorf("round %d: stopped jobs after a background read of the terminal: %v, want the cat %d", round, got, bg)
+		t.Errorf("round %d: stopped jobs after a background read of the terminal: %v, want the cat %d; the terminal:\n%s", round, got, bg, sh.transcript())
 	}
 	// fg continues it with the terminal; ^C ends it.
 	sh.send(t, "fg\n")
