@@ -134,7 +134,11 @@ func BuildMPI(s *State, o MPIOptions, job string) (*MPICommand, error) {
 		c.Argv = []string{launcher,
 			"-f", hostfile,
 			"-launcher", "ssh", "-launcher-exec", agent,
-			"-iface", iface}
+			"-iface", iface,
+			// hydra would give every rank mpiexec's environment, and
+			// with it the first node's RADIC_NODE: the ranks inherit
+			// their proxy's instead, which exec-on set for its node.
+			"-genvnone"}
 		env = append(env, "UCX_TLS=tcp,self", "UCX_NET_DEVICES="+iface, "HWLOC_COMPONENTS=-gl")
 	default:
 		return nil, fmt.Errorf("unknown MPI %q", o.Kind)
