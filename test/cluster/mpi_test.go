@@ -93,7 +93,7 @@ type mpiOpts struct {
 }
 
 // finalizeWait is how long a job may take to end after its answer.
-const finalizeWait = 20 * time.Second
+const finalizeWait = 15 * time.Second
 
 // runMPI runs one MPI job on c through `radic mpirun|mpiexec`, bounded by
 // o.timeout: a run that times out is backtraced (gdb on every process of
@@ -512,8 +512,8 @@ func TestMPIAcrossNodes(t *testing.T) {
 // radic and injects a fault into node 2 (ranks, not the launcher's node)
 // mid-run: a 3 s cut of its link, a 3 s partition from the others, a 3 s
 // freeze, a readdress. The job must finish with the serial answer. The
-// default run covers each fault once with Open MPI and the cut and the
-// readdress with MPICH; RADIC_SOAK runs every fault 10 times with both.
+// default run covers each fault once with Open MPI and the cut with
+// MPICH; RADIC_SOAK runs every fault 10 times with both.
 func TestMPIFaults(t *testing.T) {
 	testenv.RequireRoot(t)
 	c := newCluster(t, cluster.ModeNetns, 4, 0)
@@ -534,8 +534,8 @@ func TestMPIFaults(t *testing.T) {
 		for _, f := range faults {
 			t.Run(k.name+"-"+f.name, func(t *testing.T) {
 				testenv.RequireCommand(t, k.launcher)
-				if k.name == "mpich" && (f.name == "partition" || f.name == "freeze") && !testenv.Long() {
-					t.Skip("make soak runs it (the default run keeps MPICH to the cut and the readdress)")
+				if k.name == "mpich" && f.name != "cut" && !testenv.Long() {
+					t.Skip("make soak runs it (the default run keeps MPICH, slow here, to the cut)")
 				}
 				upstream := 0
 				for i := range runs {
@@ -553,6 +553,9 @@ func TestMPIFaults(t *testing.T) {
 					breaks := strings.Count(r.out, ") broken: ")
 					t.Logf("run %d: %s mid-run: correct answer in %v; %d safe-socket breaks, %d resumes", i+1, f.name,
 						r.dur.Round(time.Millisecond), breaks, strings.Count(r.out, ") resumed after "))
+					if breaks == 0 {
+						t.Errorf("run %d: no safe socket broke: the %s did not reach the job's connections", i+1, f.name)
+					}
 					c.waitHealed(30 * time.Second)
 				}
 			})
