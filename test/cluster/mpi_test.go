@@ -79,6 +79,7 @@ var debugLine = regexp.MustCompile(`^radic\[\d+\]: (listener fd|connection \S+ \
 // mpiOpts are the settings of one run.
 type mpiOpts struct {
 	bare    bool
+	nodes   string // --nodes ("" = every compute node)
 	np      int
 	perNode int
 	prog    string
@@ -87,6 +88,7 @@ type mpiOpts struct {
 	// running, if set, is called once the output holds "jacobi: running"
 	// (the job is mid-run), in the test's goroutine.
 	running func()
+	quiet   bool // no RADIC_LOG=debug (benchmarks)
 	// success is the line of a correct answer: a job that has printed it
 	// and not ended within finalizeWait is taken as hung.
 	success string
@@ -99,7 +101,7 @@ const finalizeWait = 15 * time.Second
 // o.timeout: a run that times out is backtraced (gdb on every process of
 // the launcher's tree) and the nodes' sockets listed before it is killed.
 // Whatever the job leaves in the nodes' job cgroups is killed afterwards.
-func (c *tc) runMPI(t *testing.T, k mpiKind, o mpiOpts) mpiRun {
+func (c *tc) runMPI(t testing.TB, k mpiKind, o mpiOpts) mpiRun {
 	t.Helper()
 	args := []string{k.cmd}
 	if o.bare {
@@ -108,11 +110,16 @@ func (c *tc) runMPI(t *testing.T, k mpiKind, o mpiOpts) mpiRun {
 	if o.perNode > 0 {
 		args = append(args, "--per-node", strconv.Itoa(o.perNode))
 	}
+	if o.nodes != "" {
+		args = append(args, "--nodes", o.nodes)
+	}
 	args = append(args, k.np, strconv.Itoa(o.np), testenv.Artifact(t, filepath.Join("build", "mpi", k.name+"-"+o.prog)))
 	args = append(args, o.args...)
 	r := mpiRun{what: fmt.Sprintf("%s %d ranks %s %v (bare %v)", k.name, o.np, o.prog, o.args, o.bare)}
 	cmd := c.cmd(args...)
-	cmd.Env = append(cmd.Env, "RADIC_LOG=debug")
+	if !o.quiet {
+		cmd.Env = append(cmd.Env, "RADIC_LOG=debug")
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := new(testenv.Buffer)
 	cmd.Stdout, cmd.Stderr = out, out
