@@ -92,9 +92,9 @@ func sshFail(err error) error {
 }
 
 func mpiUsage(kind string) {
-	launcher, np := "mpirun", "-np"
+	cmd, what, daemons, np, prog, launcher := "mpirun", "Open MPI's mpirun", "orted", "-np", "ompi", "mpirun"
 	if kind == cluster.MPICH {
-		launcher, np = "mpiexec", "-n"
+		cmd, what, daemons, np, prog, launcher = "mpiexec", "MPICH's mpiexec (hydra)", "hydra_pmi_proxy", "-n", "mpich", "mpiexec.mpich"
 	}
 	fmt.Fprintf(os.Stderr, `usage: radic %[1]s [RADIC-OPTIONS] [--] %[1]s-ARGS... PROG [ARGS...]
 
@@ -103,11 +103,13 @@ node (its namespace, job cgroup and host name), a hostfile naming the nodes,
 "radic exec-on" as the launcher's remote shell, the nodes' interface
 (eth0) and TCP-only transports, and, under radic, libradic.so and the job's
 RADIC_* variables for the launcher and every process it starts (%[3]s,
-their ranks). Every TCP connection between nodes of the job is then a
-managed safe socket. Example: radic %[1]s %[4]s 4 build/mpi/%[5]s-mpicheck
+the ranks). Every TCP connection between nodes of the job is then a
+managed safe socket; connections inside a node stay plain.
+Example: radic %[1]s %[4]s 4 build/mpi/%[5]s-mpicheck
 
 This is a convenience of the virtual cluster: it reads the cluster's state
-($RADIC_STATE_DIR, default %[6]s). Its exit status is the launcher's.
+($RADIC_STATE_DIR, default %[6]s). Its exit status is the launcher's;
+SIGINT, SIGTERM and SIGHUP are passed on to the launcher.
 
 RADIC-OPTIONS (before the launcher's own):
   --no-radic        run bare: no preload, no job (the same hostfile and transports)
@@ -115,13 +117,7 @@ RADIC-OPTIONS (before the launcher's own):
   --per-node K      K slots per node in the hostfile (default 1)
   --launcher PROG   the launcher (default %[7]s)
   --lib PATH        the preload library (default $RADIC_LIB, or lib/libradic.so beside bin/)
-`, map[bool]string{true: "mpiexec", false: "mpirun"}[kind == cluster.MPICH],
-		map[bool]string{true: "MPICH's mpiexec (hydra)", false: "Open MPI's mpirun"}[kind == cluster.MPICH],
-		map[bool]string{true: "hydra_pmi_proxy", false: "orted"}[kind == cluster.MPICH],
-		np, map[bool]string{true: "mpich", false: "ompi"}[kind == cluster.MPICH],
-		cluster.DefaultStateDir(),
-		map[bool]string{true: "mpiexec.mpich", false: "mpirun"}[kind == cluster.MPICH])
-	_ = launcher
+`, cmd, what, daemons, np, prog, cluster.DefaultStateDir(), launcher)
 }
 
 func mpiCmd(kind string, args []string) error {

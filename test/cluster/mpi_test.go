@@ -569,3 +569,69 @@ func TestMPIFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestExecOn: `radic exec-on NODE CMD...` behaves as ssh does for the MPI
+// launchers: the command runs through sh -c with its arguments joined by
+// spaces, inside the node (its address, its job cgroup, its own host
+// name), with the caller's stdin, stdout and exit status, none of the
+// caller's other descriptors, the job's environment for that node, and
+// signals reaching the command; its own failures exit 255.
+func TestExecOn(t *testing.T) {
+	testenv.RequireRoot(t)
+	c := newCluster(t, cluster.ModeNetns, 2, 0)
+	n1, _ := c.state().Node(1)
+	run := func(stdin string, env []string, extra []*os.File, args ...string) (string, int) {
+		t.Helper()
+		cmd := c.cmd(append([]string{"exec-on"}, args...)...)
+		cmd.Env = append(cmd.Env, env...)
+		cmd.Stdin = strings.NewReader(stdin)
+		cmd.ExtraFiles = extra
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out)), code
+	}
+	if out, code := run("", nil, nil, "n1", "hostname;", "ip -4 -o addr show eth0 | awk '{print $4}'"); code != 0 || out != "n1\n"+n1.Addr+"/16" {
+		t.Errorf("hostname and address on n1 = %q (exit %d), want n1 and %s/16", out, code, n1.Addr)
+	}
+	if out, _ := run("", nil, nil, "-x", "-o", "BatchMode=yes", "root@1", "cat /proc/self/cgroup | grep ^0::"); !strings.HasSuffix(out, "/n1/job") {
+		t.Errorf("cgroup on node 1 = %q, want its job cgroup", out)
+	}
+	if out, _ := run("", nil, nil, "n0", "echo", "'a  b'", "c  d"); out != "a  b c d" {
+		t.Errorf("quoting: %q, want %q (arguments joined by spaces, then parsed by sh)", out, "a  b c d")
+	}
+	if _, code := run("", nil, nil, "n1", "exit 7"); code != 7 {
+		t.Errorf("exit status %d, want 7", code)
+	}
+	if out, _ := run("hello\n", nil, nil, "n1", "cat"); out != "hello" {
+		t.Errorf("stdin: %q, want hello", out)
+	}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if out, _ := run("", nil, []*os.File{f}, "n1", "ls /proc/self/fd | sort -n | tr '\\n' ' '"); out != "0 1 2 3" { // 3: ls's own directory
+		t.Errorf("descriptors of the command: %q, want 0 1 2 (and ls's own 3)", out)
+	}
+	if out, _ := run("", []string{"RADIC_JOB=j", "RADIC_NODE=0", "RADIC_DAEMON=x"}, nil, "n1", "echo $RADIC_NODE $RADIC_DAEMON"); out != "1 127.0.0.1:7470" {
+		t.Errorf("job environment on n1: %q, want RADIC_NODE=1 and its radicd", out)
+	}
+	if out, code := run("", nil, nil, "n9", "true"); code != 255 || !strings.Contains(out, "no node") {
+		t.Errorf("unknown node: exit %d %q, want 255 and a message", code, out)
+	}
+	cmd := c.cmd("exec-on", "n1", "exec sleep 30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	err = cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("SIGTERM to exec-on: %v, want the command killed by SIGTERM", err)
+	}
+}
