@@ -40,7 +40,6 @@ type mpiRun struct {
 	out      string // stdout and stderr, interleaved
 	dur      time.Duration
 	stacks   map[string]string // on a timeout: every process's threads, and the nodes' sockets
-	sockets  map[int]string    // ss of each node, taken by the snapshot hook
 }
 
 func (r mpiRun) ok() bool { return r.code == 0 && !r.timedOut }
