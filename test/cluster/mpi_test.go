@@ -94,7 +94,7 @@ type mpiOpts struct {
 }
 
 // finalizeWait is how long a job may take to end after its answer.
-const finalizeWait = 15 * time.Second
+const finalizeWait = 10 * time.Second
 
 // runMPI runs one MPI job on c through `radic mpirun|mpiexec`, bounded by
 // o.timeout: a run that times out is backtraced (gdb on every process of
