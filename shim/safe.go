@@ -147,6 +147,7 @@ func newSafeSockets() *safeSockets {
 	}
 	s.ctlLn = ln
 	s.ctlPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+	debugf("process %s: control listener on port %d", lpid, s.ctlPort)
 	go s.serveCtl()
 	return s
 }
@@ -216,9 +217,24 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 		return 0, 0, false
 	}
-	if _, _, isNode := s.loc.current(ap.Addr(), time.Hour); !isNode {
+	logical, cur, isNode := s.loc.current(ap.Addr(), time.Hour)
+	if !isNode {
 		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 		return 0, 0, false // outside the cluster: untouched
+	}
+	if self, ok := s.loc.self(); ok && logical == self {
+		// Inside this node: plain TCP, as any connection that never
+		// crosses the network (a node's processes fail and restart
+		// together). It goes to where the node is now.
+		C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+		if cur == ap.Addr() {
+			return 0, 0, false
+		}
+		debugf("fd %d: connect to %s inside this node goes to %s", fd, ap, cur)
+		if e := C.radic_sock_connect(C.int(fd), ip4(cur), C.uint16_t(ap.Port()), 5000); e < 0 {
+			return -1, int(-e), true
+		}
+		return 0, 0, true
 	}
 	// A node of the cluster: the connection goes to where the node is now,
 	// and completes before the app sees it. A failed connect leaves the
@@ -426,6 +442,10 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 	// while, so that a client from outside that waits for the server to
 	// speak first is hardly delayed.
 	wait := helloWait
+	if self, ok := s.loc.self(); ok && s.loc.logical(peer.Addr()) == self {
+		debugf("fd %d from %s: inside this node: plain TCP", fd, peer)
+		return true // connections inside a node are never managed (connect)
+	}
 	if _, ok := s.loc.nodeOf(peer.Addr()); !ok {
 		s.loc.refresh(0)
 		if _, ok := s.loc.nodeOf(peer.Addr()); !ok {

@@ -123,7 +123,7 @@ func helperMain(mode string) int {
 
 // tc is one test's cluster.
 type tc struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string // RADIC_STATE_DIR
 	name  string
 	radic string // bin/radic
@@ -133,7 +133,7 @@ type tc struct {
 
 // newCluster brings up a cluster of its own for t and removes it when t
 // ends. extra are more `cluster up` flags.
-func newCluster(t *testing.T, mode string, nodes, spares int, extra ...string) *tc {
+func newCluster(t testing.TB, mode string, nodes, spares int, extra ...string) *tc {
 	t.Helper()
 	if mode == cluster.ModeNetns {
 		testenv.RequireRoot(t)
@@ -232,7 +232,7 @@ func (c *tc) state() *cluster.State {
 }
 
 // self is the test binary, which runs the in-node helpers.
-func self(t *testing.T) string {
+func self(t testing.TB) string {
 	p, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -149,6 +149,10 @@ type Spec struct {
 	Netns  string   // path of the network namespace to enter ("" = stay)
 	Cgroup string   // cgroup v2 directory to start in ("" = the launcher's)
 	Setsid bool     // new session (daemons); otherwise a new process group
+	// Hostname, when set, gives the program a UTS namespace of its own
+	// with that host name (a node's name: MPI libraries key session
+	// directories and shared-memory segments on it).
+	Hostname string
 
 	Stdin, Stdout, Stderr *os.File // nil = /dev/null
 }
@@ -160,6 +164,7 @@ type gateMsg struct {
 	Env   []string `json:"env"`
 	Dir   string   `json:"dir"`
 	Netns string   `json:"netns"`
+	Host  string   `json:"host,omitempty"`
 }
 
 // Helper is the program and leading arguments that run the helper; by
@@ -238,7 +243,7 @@ func Launch(spec Spec) (*Pending, error) {
 		statR.Close()
 		return nil, fmt.Errorf("start %s: %w", spec.Path, err)
 	}
-	msg, _ := json.Marshal(gateMsg{Path: spec.Path, Args: spec.Args, Env: spec.Env, Dir: spec.Dir, Netns: spec.Netns})
+	msg, _ := json.Marshal(gateMsg{Path: spec.Path, Args: spec.Args, Env: spec.Env, Dir: spec.Dir, Netns: spec.Netns, Host: spec.Hostname})
 	return &Pending{ID: Of(cmd.Process.Pid), cmd: cmd, gateW: gateW, statR: statR, msg: msg}, nil
 }
 
@@ -332,6 +337,11 @@ func HelperMain() {
 		}
 		f.Close()
 	}
+	if m.Host != "" {
+		if err := SetHostname(m.Host); err != nil {
+			fail("%v", err)
+		}
+	}
 	if m.Dir != "" {
 		if err := os.Chdir(m.Dir); err != nil {
 			fail("chdir %s: %v", m.Dir, err)
@@ -339,4 +349,17 @@ func HelperMain() {
 	}
 	err = syscall.Exec(m.Path, m.Args, m.Env)
 	fail("exec %s: %v", m.Path, err)
+}
+
+// SetHostname moves the calling thread into a UTS namespace of its own
+// named name. The caller has locked its OS thread and execs from it next
+// (execve keeps the calling thread's namespaces).
+func SetHostname(name string) error {
+	if err := unix.Unshare(unix.CLONE_NEWUTS); err != nil {
+		return fmt.Errorf("new UTS namespace for host name %s: %w", name, err)
+	}
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("set host name %s: %w", name, err)
+	}
+	return nil
 }
