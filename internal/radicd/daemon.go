@@ -213,7 +213,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.registerMetrics(d.reg)
 	d.recMetrics = newRecoveryMetrics(d.reg)
 	if ok, why := d.recoveryEnabled(); ok {
-		d.rec = &recoveryEdge{d: d, in: make(chan func(*protector.Machine, time.Time), 1024), met: d.recMetrics}
+		d.rec = &recoveryEdge{d: d, in: make(chan func(*protector.Machine, time.Time), 1024), met: d.recMetrics, replays: newReplayTable()}
 	} else {
 		d.log.Warn("recovery off: lost ranks are not restarted", "why", why)
 	}
@@ -264,6 +264,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.loc.routes(mux)
 	d.rankRoutes(mux)
 	d.recoveryRoutes(mux)
+	d.replayRoutes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })
