@@ -121,7 +121,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}),
 	}
 	d.repl = newReplicator(d)
-	d.logs = &logRings{log: log, submit: d.repl.submit}
+	d.logs = &logRings{log: log, submit: d.repl.submit, refresh: func(ctx context.Context) { _, _ = d.repl.protectors(ctx) }}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {

@@ -46,6 +46,10 @@ type logRings struct {
 	// blocking (a fake in tests).
 	submit    func(ctx context.Context, body []byte, onStable func()) shipment
 	replicate func(ctx context.Context, body []byte) error
+	// refresh re-reads the protector set (closing the streams to nodes
+	// that no longer protect this one, which fails their shipments so
+	// they go to the new set); nil in tests.
+	refresh func(ctx context.Context)
 
 	omu sync.Mutex
 	// +checklocks:omu
@@ -518,7 +522,13 @@ func (lr *logRings) routineLogAcks(ctx context.Context, r *logRing, log *slog.Lo
 			}
 			var still *stillTrying
 			if errors.As(err, &still) {
-				continue // the shipment goes on
+				// The shipment goes on, unless its protector was replaced
+				// (declared dead, a spare promoted): nothing else asks the
+				// ring again while the process waits for this batch.
+				if lr.refresh != nil {
+					lr.refresh(ctx)
+				}
+				continue
 			}
 			select {
 			case <-ctx.Done():

@@ -527,10 +527,18 @@ static uint32_t ring_hash(struct radic_conn *c, uint64_t to)
 	return h;
 }
 
+static void ep_move(struct radic_conn *c, int from, int to);
+
 static void replay_done(struct radic_conn *c)
 {
 	struct radic_replay *rp = c->rp;
+	/* While the log lasted, the app's epoll registrations were on the
+	 * wake fd (readable); now the socket's readiness is the truth. */
+	pthread_mutex_lock(&c->eplock);
 	__atomic_store_n(&c->rp, NULL, __ATOMIC_RELEASE);
+	if (load_state(c) == RADIC_CONN_UP && c->ep_fd >= 0)
+		ep_move(c, c->wake_fd, c->ep_fd);
+	pthread_mutex_unlock(&c->eplock);
 	free(rp->data);
 	free(rp->res);
 	free(rp);
@@ -882,8 +890,9 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	pthread_mutex_lock(&c->eplock);
-	/* Registrations sit on the socket only while the connection is UP. */
-	int target = load_state(c) == RADIC_CONN_UP ? fd : c->wake_fd;
+	/* Registrations sit on the socket only while the connection is UP
+	 * and has no log left to replay (the wake fd is readable then). */
+	int target = load_state(c) == RADIC_CONN_UP && c->rp == NULL ? fd : c->wake_fd;
 	struct epoll_event e;
 	if (ev)
 		e = *ev;
@@ -966,6 +975,7 @@ struct radic_conn *radic_conn_new(int fd, uint64_t id, int nonblock)
 	c->nonblock = nonblock;
 	c->ack_due = RADIC_ACK_EVERY;
 	c->peer_end = UINT64_MAX;
+	c->ep_fd = fd;
 	radic_conn_attach(c, fd);
 	return c;
 }
@@ -1090,8 +1100,11 @@ int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, ui
 		int fl = REAL(fcntl)(sock, F_GETFL);
 		fl = c->nonblock ? fl | O_NONBLOCK : fl & ~O_NONBLOCK;
 		REAL(fcntl)(sock, F_SETFL, fl);
-		if (nfds > 0)
-			ep_move(c, c->wake_fd, fds[0]);
+		if (nfds > 0) {
+			c->ep_fd = fds[0];
+			if (c->rp == NULL)
+				ep_move(c, c->wake_fd, fds[0]);
+		}
 		int skipping = 0;
 		if (c->tx_replay && c->verify_set) {
 			/* Replay, the first resume: the peer received [0, skip_to)

@@ -98,6 +98,7 @@ struct radic_conn {
 	uint64_t skip_to;
 	uint32_t skip_hash, tx_hash;
 	int verify_set; /* the peer's digest is known */
+	int ep_fd;      /* an fd of the connection, for moving epoll registrations */
 };
 
 /* One connection's log, for replay (owned by the connection once
