@@ -245,7 +245,8 @@ func restartEnv(env []string, epoch uint64, moved bool, daemon string) []string 
 	return append(out, "RADIC_REPLAY="+strconv.FormatUint(epoch, 10))
 }
 
-// groupStarted: no rank of the group has a stage to wait for.
+// stagesIfEmpty: a restarted group none of whose ranks has a log to
+// replay has reached Reconnected and Live already.
 func (e *recoveryEdge) stagesIfEmpty(ge groupEpoch) {
 	t := e.replays
 	t.mu.Lock()
