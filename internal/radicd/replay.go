@@ -206,13 +206,17 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 	t := e.replays
 	t.mu.Lock()
 	t.logs[owner] = &replayLog{body: body, detLen: detLen, ge: ge}
-	g := t.groups[ge]
-	if g == nil {
-		g = &groupReplay{pending: map[string]map[uint64]bool{"reconnected": {}, "live": {}}}
-		t.groups[ge] = g
+	if len(body) > 0 {
+		// Its shim reports its stages. (With nothing logged there is
+		// nothing to wait for, and maybe no shim: radic run --no-radic.)
+		g := t.groups[ge]
+		if g == nil {
+			g = &groupReplay{pending: map[string]map[uint64]bool{"reconnected": {}, "live": {}}}
+			t.groups[ge] = g
+		}
+		g.pending["reconnected"][owner] = true
+		g.pending["live"][owner] = true
 	}
-	g.pending["reconnected"][owner] = true
-	g.pending["live"][owner] = true
 	t.mu.Unlock()
 	d.log.Info("replay prepared", "job", job, "rank", rank, "owner", fmt.Sprintf("%x", owner), "log_bytes", len(body), "determinant_bytes", detLen, "from", req.From)
 	env = restartEnv(env, req.Epoch, d.cfg.Node != req.Group, d.cfg.Listen.String())
