@@ -287,8 +287,14 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) {
 	s.stand[netip.AddrPortFrom(to, uint16(from))] = &standIn{id: id, fd: fd}
 	s.mu.Unlock()
 	if e := C.radic_sock_connect(C.int(fd), ip4(to), C.uint16_t(port), C.int(dialTimeout.Milliseconds())); e < 0 {
+		if s.takeStandIn(netip.AddrPortFrom(to, uint16(from))) == nil {
+			// The app accepted it before our connect returned, and its
+			// accept closed our end (hence the error): the fd number is
+			// no longer ours to close.
+			debugf("connection %d:%d: stand-in accepted at once", id>>32, uint32(id))
+			return
+		}
 		logf("connection %d:%d: stand-in to %s:%d: %v", id>>32, uint32(id), to, port, syscall.Errno(-e))
-		s.takeStandIn(netip.AddrPortFrom(to, uint16(from)))
 		C.radic_sock_close(C.int(fd))
 		return
 	}

@@ -111,9 +111,11 @@ func (r *replayState) attach(c *conn) {
 		os.Exit(1)
 	}
 	c.replayed = true
-	// A resume of the restarted process must not look stale to its peer,
-	// which counted the earlier run's attempts.
-	c.attempt = r.epoch << 20
+	if c.initiator {
+		// Our resumes must not look stale to the peer, which counted the
+		// earlier run's attempts. (As the acceptor we take the peer's.)
+		c.attempt = r.epoch << 20
+	}
 	debugf("connection %s: replaying %d bytes, %d receives", c, len(cr.Data), len(cr.Results))
 }
 
