@@ -671,8 +671,8 @@ int radic_conn_replay(struct radic_conn *c, const void *data, uint64_t len, cons
 void radic_conn_set_verify(struct radic_conn *c, uint64_t at, uint32_t hash)
 {
 	pthread_mutex_lock(&c->wlock);
-	c->skip_to = at;
-	c->skip_hash = hash;
+	c->verify_at = at;
+	c->verify_hash = hash;
 	c->verify_set = 1;
 	pthread_mutex_unlock(&c->wlock);
 }
@@ -1134,14 +1134,15 @@ int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, ui
 			 * of our stream. What was regenerated so far is in the
 			 * ring from offset 0 (nothing acknowledged it yet). */
 			c->tx_replay = 0;
-			if (c->sent >= c->skip_to) {
-				uint32_t h = ring_hash(c, c->skip_to);
-				if (h != c->skip_hash)
-					diverged(c, "the regenerated stream differs", c->skip_to, h,
-						 c->skip_hash);
-				c->skip_to = 0;
+			if (c->sent >= c->verify_at) {
+				uint32_t h = ring_hash(c, c->verify_at);
+				if (h != c->verify_hash)
+					diverged(c, "the regenerated stream differs", c->verify_at, h,
+						 c->verify_hash);
 			} else {
 				c->tx_hash = ring_hash(c, c->sent);
+				c->skip_to = c->verify_at;
+				c->skip_hash = c->verify_hash;
 				__atomic_store_n(&c->acked, c->skip_to, __ATOMIC_RELEASE);
 				skipping = resume_at == c->skip_to;
 			}

@@ -97,7 +97,12 @@ struct radic_conn {
 	uint64_t replay_end;
 	uint64_t skip_to;
 	uint32_t skip_hash, tx_hash;
-	int verify_set; /* the peer's digest is known */
+	/* The peer's digest from the handshake, taken up by the swap (until
+	 * then the send path must not start dropping: what it drops is not
+	 * in the ring the swap hashes). */
+	uint64_t verify_at;
+	uint32_t verify_hash;
+	int verify_set;
 	int ep_fd;      /* an fd of the connection, for moving epoll registrations */
 };
 
