@@ -683,7 +683,19 @@ uint64_t radic_conn_resume_point(struct radic_conn *c)
 	return r > c->replay_end ? r : c->replay_end;
 }
 
-uint32_t radic_conn_rx_hash(struct radic_conn *c) { return __atomic_load_n(&c->rx_hash, __ATOMIC_ACQUIRE); }
+/* The CRC-32C of [0, radic_conn_resume_point): what was delivered, and
+ * what the log still holds (a replaying connection announces its log's
+ * end). */
+uint32_t radic_conn_rx_hash(struct radic_conn *c)
+{
+	pthread_mutex_lock(&c->rlock);
+	uint32_t h = c->rx_hash;
+	struct radic_replay *rp = c->rp;
+	if (rp != NULL && rp->pos < rp->len)
+		h = radic_crc32c(h, rp->data + rp->pos, (size_t)(rp->len - rp->pos));
+	pthread_mutex_unlock(&c->rlock);
+	return h;
+}
 
 /* ---- receive --------------------------------------------------------------- */
 
