@@ -119,7 +119,12 @@
 // Point i is the hash at offset (first+i)·block; all points are ≤ end.
 // [DecodeSummary] reports errors as DecodeDeterminant does.
 //
-// # Edges (not in this package yet)
+// # Edges
+//
+// The exec backend's replay (ARCHITECTURE.md, "Replay") uses
+// [SplitReceives]: it replays receives per connection in C, checks sends
+// with one CRC-32C digest at the peer's offset, and does not use [Replay]
+// or [Summary] yet. What follows is the full plan.
 //
 // The shim / observer host, in the original run, for each call on a managed
 // connection or visible value: build the Determinant with the call's answer

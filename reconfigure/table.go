@@ -32,8 +32,13 @@ type Location struct {
 	Node    int            // the node the address belongs to
 	LPID    string         // the listener's process (Managed only)
 	Addr    netip.AddrPort // the node's current address : the port asked for
-	Ctl     netip.AddrPort // the node's current address : CtlPort (Managed only)
+	Ctl     netip.AddrPort // the node's current address : CtlPort (Managed or Closed)
 	Gen     uint64         // the node's generation
+	// Closed: not a listener now, but it was one, and LPID and Ctl name
+	// the process that last listened there. A restarted process that
+	// replays its connect to a listener its peer has since closed resumes
+	// the connection with that process.
+	Closed bool
 }
 
 // maxHistory bounds the earlier addresses kept per node.
@@ -65,6 +70,8 @@ type Table struct {
 	nodes map[int]*nodeEntry
 	// +checklocks:mu
 	listeners map[listenerKey]Listener
+	// +checklocks:mu
+	closed map[listenerKey]Listener // unregistered listeners, by their last process
 }
 
 // NewTable returns an empty table.
@@ -78,6 +85,7 @@ func (t *Table) init() {
 	if t.nodes == nil {
 		t.nodes = map[int]*nodeEntry{}
 		t.listeners = map[listenerKey]Listener{}
+		t.closed = map[listenerKey]Listener{}
 	}
 }
 
@@ -233,6 +241,7 @@ func (t *Table) Register(l Listener) (changed bool, err error) {
 		return false, nil
 	}
 	t.listeners[k] = l
+	delete(t.closed, k)
 	return true, nil
 }
 
@@ -263,6 +272,7 @@ func (t *Table) Unregister(job string, node int, port uint16, lpid string) bool 
 		return false
 	}
 	delete(t.listeners, k)
+	t.closed[k] = old
 	return true
 }
 
@@ -305,6 +315,10 @@ func (t *Table) Locate(job string, addr netip.AddrPort) (loc Location, found boo
 	loc = Location{Node: e.ID, Addr: netip.AddrPortFrom(e.Addr, addr.Port()), Gen: e.Gen}
 	if l, ok := t.listeners[listenerKey{job, e.ID, addr.Port()}]; ok {
 		loc.Managed = true
+		loc.LPID = l.LPID
+		loc.Ctl = netip.AddrPortFrom(e.Addr, l.CtlPort)
+	} else if l, ok := t.closed[listenerKey{job, e.ID, addr.Port()}]; ok {
+		loc.Closed = true
 		loc.LPID = l.LPID
 		loc.Ctl = netip.AddrPortFrom(e.Addr, l.CtlPort)
 	}

@@ -343,3 +343,37 @@ func TestEarlier(t *testing.T) {
 		t.Fatal("an unknown node has earlier addresses")
 	}
 }
+
+// TestLocateClosed: an unregistered listener keeps naming its last
+// process (Closed, LPID, Ctl), for a restarted process that replays its
+// connect to it; a new registration makes it a listener again.
+func TestLocateClosed(t *testing.T) {
+	tb := cluster3(t)
+	l := Listener{Job: "j", Node: 1, Port: 5000, LPID: "1", CtlPort: 41001}
+	if _, err := tb.Register(l); err != nil {
+		t.Fatal(err)
+	}
+	if !tb.Unregister("j", 1, 5000, "1") {
+		t.Fatal("Unregister found nothing")
+	}
+	loc, found := tb.Locate("j", netip.MustParseAddrPort("10.77.0.2:5000"))
+	if !found || loc.Managed || !loc.Closed || loc.LPID != "1" || loc.Ctl != netip.MustParseAddrPort("10.77.0.2:41001") {
+		t.Fatalf("Locate after Unregister = %+v, %v; want Closed with LPID 1 and Ctl 10.77.0.2:41001", loc, found)
+	}
+	if r := loc.Reply(); !r.Closed || r.Managed || r.Ctl != "10.77.0.2:41001" {
+		t.Errorf("Reply() = %+v", r)
+	}
+	if b, _ := loc.Reply().MarshalJSON(); !strings.Contains(string(b), `"closed":true`) {
+		t.Errorf("closed reply encodes as %s", b)
+	}
+	if b, _ := (Location{}).Reply().MarshalJSON(); string(b) != `{"managed":false}` {
+		t.Errorf("unmanaged reply encodes as %s", b)
+	}
+	l.CtlPort = 41007 // a restarted process
+	if _, err := tb.Register(l); err != nil {
+		t.Fatal(err)
+	}
+	if loc, _ := tb.Locate("j", netip.MustParseAddrPort("10.77.0.2:5000")); !loc.Managed || loc.Closed || loc.Ctl.Port() != 41007 {
+		t.Errorf("Locate after a new Register = %+v", loc)
+	}
+}

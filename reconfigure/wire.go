@@ -119,11 +119,14 @@ type LocateReply struct {
 	Addr    string `json:"addr"` // the node's current IP : the port asked for
 	Ctl     string `json:"ctl"`  // the node's current IP : the listener's control port
 	Gen     uint64 `json:"gen"`
+	// Closed (with Managed false): a listener no more; LPID and Ctl name
+	// the process that last listened there (Location.Closed).
+	Closed bool `json:"closed,omitempty"`
 }
 
 // MarshalJSON encodes an unmanaged answer as {"managed":false}.
 func (r LocateReply) MarshalJSON() ([]byte, error) {
-	if !r.Managed {
+	if !r.Managed && !r.Closed {
 		return []byte(`{"managed":false}`), nil
 	}
 	type plain LocateReply
@@ -132,6 +135,9 @@ func (r LocateReply) MarshalJSON() ([]byte, error) {
 
 // Reply converts a Location to its wire form.
 func (l Location) Reply() LocateReply {
+	if l.Closed && !l.Managed {
+		return LocateReply{Closed: true, Node: l.Node, LPID: l.LPID, Addr: l.Addr.String(), Ctl: l.Ctl.String(), Gen: l.Gen}
+	}
 	if !l.Managed {
 		return LocateReply{}
 	}

@@ -287,8 +287,14 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) {
 	s.stand[netip.AddrPortFrom(to, uint16(from))] = &standIn{id: id, fd: fd}
 	s.mu.Unlock()
 	if e := C.radic_sock_connect(C.int(fd), ip4(to), C.uint16_t(port), C.int(dialTimeout.Milliseconds())); e < 0 {
+		if s.takeStandIn(netip.AddrPortFrom(to, uint16(from))) == nil {
+			// The app accepted it before our connect returned, and its
+			// accept closed our end (hence the error): the fd number is
+			// no longer ours to close.
+			debugf("connection %d:%d: stand-in accepted at once", id>>32, uint32(id))
+			return
+		}
 		logf("connection %d:%d: stand-in to %s:%d: %v", id>>32, uint32(id), to, port, syscall.Errno(-e))
-		s.takeStandIn(netip.AddrPortFrom(to, uint16(from)))
 		C.radic_sock_close(C.int(fd))
 		return
 	}
@@ -361,6 +367,7 @@ type conn struct {
 	c         *C.struct_radic_conn
 	id        uint64
 	initiator bool
+	replayed  bool           // set before use: the connection has a log to replay (a restarted process)
 	laddr     netip.AddrPort // what the app sees as its address
 	paddr     netip.AddrPort // and as its peer's (logical)
 	kick      chan struct{}  // acknowledge now
@@ -763,6 +770,20 @@ func (c *conn) peerCtl() netip.AddrPort {
 	c.mu.Lock()
 	ctl := c.ctlAddr
 	c.mu.Unlock()
+	if c.initiator && recoveryOn() {
+		// The peer process may have been restarted (recovery): its new
+		// control listener is on another port, registered with its
+		// listener (paddr).
+		if loc, ok := c.s.loc.locate(c.paddr); ok {
+			if a, err := netip.ParseAddrPort(loc.Ctl); err == nil && a.Port() != ctl.Port() {
+				debugf("connection %s: the peer's control listener is now at %s", c, a)
+				ctl = netip.AddrPortFrom(ctl.Addr(), a.Port())
+				c.mu.Lock()
+				c.ctlAddr = ctl
+				c.mu.Unlock()
+			}
+		}
+	}
 	if _, a, ok := c.s.loc.current(c.paddr.Addr(), 100*time.Millisecond); ok && a != ctl.Addr() {
 		ctl = netip.AddrPortFrom(a, ctl.Port())
 		c.mu.Lock()
@@ -781,14 +802,26 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 	c.attempt++
 	attempt, end := c.attempt, c.end
 	c.mu.Unlock()
-	recvd := uint64(C.radic_conn_recvd(c.c))
+	// Where the peer resumes: our delivered offset, or a restarted
+	// process's logged end (it delivers [recvd, end) from its log).
+	recvd := uint64(C.radic_conn_resume_point(c.c))
 	if err := writeFrameFd(fd, frame{Type: wire.Resume, Port: c.laddr.Port(), Attempt: attempt, ID: c.id, V1: recvd, V2: end, Listener: c.paddr.Port()}); err != nil {
+		return false
+	}
+	if err := writeFrameFd(fd, c.digest()); err != nil {
 		return false
 	}
 	f, err := readFrameFd(fd)
 	if err != nil {
 		debugf("connection %s: resume %d: %v", c, attempt, err)
 		return false
+	}
+	if f.Type == wire.Resumed {
+		g, err := readFrameFd(fd)
+		if err != nil || !c.takeDigest(f, g) {
+			debugf("connection %s: resume %d: no digest: %v", c, attempt, err)
+			return false
+		}
 	}
 	if f.Type == wire.Refuse {
 		c.mu.Lock()
@@ -806,6 +839,25 @@ func (c *conn) handshake(fd int, gen uint32) bool {
 	return true
 }
 
+// digest is our Digest frame: what we received, [0, recvd), hashed (the
+// same offset as our Resume or Resumed).
+func (c *conn) digest() frame {
+	return frame{Type: wire.Digest, ID: c.id, V1: uint64(C.radic_conn_resume_point(c.c)), V2: uint64(C.radic_conn_rx_hash(c.c))}
+}
+
+// takeDigest: the peer's Resumed or Resume f and its Digest g. A
+// connection replaying its log learns what the peer received of its
+// stream: its regenerated sends are checked against it (C).
+func (c *conn) takeDigest(f, g frame) bool {
+	if g.Type != wire.Digest || g.V1 != f.V1 {
+		return false
+	}
+	if c.replayed {
+		C.radic_conn_set_verify(c.c, C.uint64_t(g.V1), C.uint32_t(g.V2))
+	}
+	return true
+}
+
 // acceptResume is the acceptor's side: the initiator came back on nc.
 func (c *conn) acceptResume(nc net.Conn, f frame) {
 	c.resumeMu.Lock()
@@ -818,13 +870,21 @@ func (c *conn) acceptResume(nc net.Conn, f frame) {
 	if stale {
 		return
 	}
+	dg, err := readFrame(nc, handshakeWait)
+	if err != nil || dg.Type != wire.Digest || dg.V1 != f.V1 {
+		debugf("connection %s: a resume without its digest: %v", c, err)
+		return
+	}
 	c.breakOn(gen, int(syscall.ECONNRESET), "the peer is reconnecting")
 	C.radic_conn_barrier(c.c)
 	c.mu.Lock()
 	gen, end := c.gen, c.end
 	c.mu.Unlock()
-	recvd := uint64(C.radic_conn_recvd(c.c))
+	recvd := uint64(C.radic_conn_resume_point(c.c))
 	if writeFrame(nc, frame{Type: wire.Resumed, Attempt: f.Attempt, ID: c.id, V1: recvd, V2: end}) != nil {
+		return
+	}
+	if writeFrame(nc, c.digest()) != nil || !c.takeDigest(f, dg) {
 		return
 	}
 	if g, err := readFrame(nc, handshakeWait); err != nil || g.Type != wire.Go {
@@ -867,9 +927,21 @@ func (c *conn) commit(fd int, gen uint32, peerRecvd, peerEnd uint64) {
 	for i, f := range c.fds {
 		fds[i] = C.int(f)
 	}
-	if len(fds) == 0 || C.radic_conn_swap(c.c, C.int(fd), &fds[0], C.int(len(fds)), C.uint64_t(at)) < 0 {
+	if len(fds) == 0 {
 		c.mu.Unlock()
 		return
+	}
+	if r, err := C.radic_conn_swap(c.c, C.int(fd), &fds[0], C.int(len(fds)), C.uint64_t(at)); r < 0 {
+		if err == syscall.EPROTO || err == syscall.ENODATA {
+			// The peer's offset cannot be served: resuming would lose
+			// or repeat bytes (C has logged which). Never silently.
+			c.failLocked(int(syscall.ECONNRESET), fmt.Sprintf("cannot resume at the peer's offset %d (sent %d, acknowledged %d): %v", at, sent, uint64(C.radic_conn_acked(c.c)), err))
+		}
+		c.mu.Unlock()
+		return
+	}
+	if c.replayed {
+		c.s.replay.resumedConn(c.id)
 	}
 	c.gen++
 	c.lastHeard.Store(time.Now().UnixNano())

@@ -44,6 +44,7 @@ type location struct {
 	Addr    string `json:"addr"`
 	Ctl     string `json:"ctl"`
 	Gen     int    `json:"gen"`
+	Closed  bool   `json:"closed"` // a listener no more: Lpid and Ctl name its last process
 }
 
 func newLocator(daemon, job string, node int) *locator {
@@ -182,4 +183,20 @@ func (l *locator) locate(ap netip.AddrPort) (location, bool) {
 		return location{}, false
 	}
 	return loc, loc.Managed
+}
+
+// locateAny is locate that also answers for a listener that has been
+// closed (from this daemon's table, which every registration reaches): a
+// restarted process replaying its connect resumes with the process that
+// listened there, which may have closed its listener long ago.
+func (l *locator) locateAny(ap netip.AddrPort) (location, bool) {
+	if loc, ok := l.locate(ap); ok {
+		return loc, true
+	}
+	var loc location
+	q := url.Values{"job": {l.job}, "addr": {ap.String()}, "local": {"1"}}
+	if err := l.get("/v1/locate", q, &loc); err != nil {
+		return location{}, false
+	}
+	return loc, loc.Managed || loc.Closed
 }

@@ -52,6 +52,7 @@ type safeSockets struct {
 	deadline time.Duration
 	noRetx   bool // RADIC_TEST_NO_RETX: resume without resending (tests prove they see the loss)
 	loc      *locator
+	replay   *replayState // a restarted process's log (RADIC_REPLAY), or nil
 
 	ctlLn   net.Listener
 	ctlPort uint16
@@ -132,6 +133,16 @@ func newSafeSockets() *safeSockets {
 			s.deadline = d
 		}
 	}
+	if v := os.Getenv("RADIC_REPLAY"); v != "" {
+		r, err := s.fetchReplay(daemon, v)
+		if err != nil {
+			// Without its log the process cannot take the path its
+			// peers saw: running on would corrupt the job.
+			logf("restarted with RADIC_REPLAY=%s but cannot get its log: %v; stopping", v, err)
+			os.Exit(1)
+		}
+		s.replay = r
+	}
 	if recoveryOn() {
 		if err := s.setupLog(daemon); err != nil {
 			// Recovery was asked for: running without the log would
@@ -149,6 +160,9 @@ func newSafeSockets() *safeSockets {
 	s.ctlPort = uint16(ln.Addr().(*net.TCPAddr).Port)
 	debugf("process %s: control listener on port %d", lpid, s.ctlPort)
 	go s.serveCtl()
+	if s.replay != nil {
+		go s.routineProgress()
+	}
 	return s
 }
 
@@ -236,6 +250,11 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		}
 		return 0, 0, true
 	}
+	if s.replay != nil {
+		if ret, e, ok := s.replayConnect(fd, ap); ok {
+			return ret, e, true
+		}
+	}
 	// A node of the cluster: the connection goes to where the node is now,
 	// and completes before the app sees it. A failed connect leaves the
 	// socket a candidate, for the app's retry.
@@ -268,6 +287,36 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 	debugf("connection %s: connected to %s (now %s), peer rank %s", c, ap, netip.AddrPortFrom(cur, ap.Port()), loc.Lpid)
 	go c.openCtl(0)
+	return 0, 0, true
+}
+
+// replayConnect: in a restarted process, a connect that made a logged
+// connection in the earlier run (the next connection id has a log) makes
+// no new connection: the peer still holds the old one, broken since the
+// process died. The connection starts BROKEN, with its log, and resumes
+// with the peer's control listener; the app's connect returns at once.
+// ok=false: not a logged connection, connect as usual.
+func (s *safeSockets) replayConnect(fd int, ap netip.AddrPort) (ret int, errno int, ok bool) {
+	loc, managed := s.loc.locateAny(ap)
+	id := uint64(s.lpid)<<32 | uint64(s.seq.Load())
+	if !managed || !s.replay.logged(id) {
+		return 0, 0, false
+	}
+	s.seq.Add(1)
+	logical, _, _ := s.loc.current(ap.Addr(), time.Hour)
+	peer := netip.AddrPortFrom(logical, ap.Port())
+	self, okSelf := s.loc.self()
+	if !okSelf {
+		self = logical
+	}
+	c := s.newConn(fd, id, true, netip.AddrPortFrom(self, 0), peer)
+	if c == nil {
+		return -1, int(syscall.ENOMEM), true
+	}
+	c.ctlAddr, _ = netip.ParseAddrPort(loc.Ctl)
+	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
+	c.breakOn(0, int(syscall.ECONNRESET), "the process restarted: resuming with the peer")
+	debugf("connection %s: replayed connect to %s (peer control %s)", c, ap, c.ctlAddr)
 	return 0, 0, true
 }
 
@@ -570,6 +619,9 @@ func (s *safeSockets) newConn(fd int, id uint64, initiator bool, laddr, paddr ne
 		fds: []int{fd}, kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
 		end: math.MaxUint64}
 	c.lastHeard.Store(time.Now().UnixNano())
+	if s.replay.logged(id) {
+		s.replay.attach(c)
+	}
 	s.monitoring.Do(func() { go s.monitor() })
 	s.mu.Lock()
 	s.byFd[fd] = c

@@ -282,7 +282,11 @@ func Run(o Options) (int, error) {
 			c := e.exit.Status()
 			if c != 0 && !failed && !interrupted {
 				failed, code = true, c
-				logf("radic run: rank %d (node %d, pid %d) %s; stopping the job", e.rank, o.Ranks[e.rank].Node, started[e.rank].Pid, e.exit)
+				how := e.exit.String()
+				if c == launch.ExitDiverged {
+					how += " (the divergence exit: restarted, it regenerated other bytes than its peers had received; its DIVERGENCE line names the connection and the offset)"
+				}
+				logf("radic run: rank %d (node %d, pid %d) %s; stopping the job", e.rank, o.Ranks[e.rank].Node, started[e.rank].Pid, how)
 				stopping(syscall.SIGTERM)
 			}
 		case err := <-diverged:

@@ -150,6 +150,11 @@ type Started struct {
 	Protectors []int `json:"protectors"`
 }
 
+// ExitDiverged is the exit status of a restarted rank whose replay
+// diverged (shim/c/conn.c RADIC_EXIT_DIVERGED): it regenerated other bytes
+// than its peers had received, and stopped.
+const ExitDiverged = 86
+
 // Exit is how a process ended: Signal is non-zero when a signal killed
 // it, else Code is its exit status.
 type Exit struct {

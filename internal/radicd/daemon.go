@@ -126,7 +126,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		}),
 	}
 	d.repl = newReplicator(d)
-	d.logs = &logRings{log: log, submit: d.repl.submit}
+	d.logs = &logRings{log: log, submit: d.repl.submit, refresh: func(ctx context.Context) { _, _ = d.repl.protectors(ctx) }}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {
@@ -220,7 +220,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.registerMetrics(d.reg)
 	d.recMetrics = newRecoveryMetrics(d.reg)
 	if ok, why := d.recoveryEnabled(); ok {
-		d.rec = &recoveryEdge{d: d, in: make(chan func(*protector.Machine, time.Time), 1024), met: d.recMetrics}
+		d.rec = &recoveryEdge{d: d, in: make(chan func(*protector.Machine, time.Time), 1024), met: d.recMetrics, replays: newReplayTable()}
 	} else {
 		d.log.Warn("recovery off: lost ranks are not restarted", "why", why)
 	}
@@ -272,6 +272,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.rankRoutes(mux)
 	d.recoveryRoutes(mux)
 	d.progressRoutes(mux)
+	d.replayRoutes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })

@@ -439,7 +439,7 @@ func (l *locator) handleLocate(w http.ResponseWriter, r *http.Request) {
 	}
 	loc, found := l.table.Locate(job, ap)
 	switch {
-	case loc.Managed:
+	case loc.Managed, loc.Closed && local:
 		l.lookups.WithLabelValues(lookupHit).Inc()
 		writeJSON(w, loc.Reply())
 		return

@@ -45,6 +45,14 @@ type logRings struct {
 	// blocking (a fake in tests).
 	submit    func(ctx context.Context, body []byte, h shipHooks) shipment
 	replicate func(ctx context.Context, body []byte) error
+	// refresh re-reads the protector set (closing the streams to nodes
+	// that no longer protect this one, which fails their shipments so
+	// they go to the new set); nil in tests.
+	refresh func(ctx context.Context)
+
+	omu sync.Mutex
+	// +checklocks:omu
+	byOwner map[uint64]chan struct{} // closed when the owner's ring routine ends
 
 	bytes   atomic.Uint64
 	records atomic.Uint64
@@ -167,12 +175,47 @@ func (d *Daemon) handleLogRing(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "radicd is not running its log", http.StatusServiceUnavailable)
 		return
 	}
+	if d.rec != nil {
+		// A restarted process's determinants continue its earlier run's.
+		r.conv = logring.NewConverter(reg.Owner, d.rec.replays.detOffset(reg.Owner))
+	}
 	lr.active.Add(1)
+	done := lr.ownerStarted(reg.Owner)
 	lr.wg.Go(func() {
 		defer lr.active.Add(-1)
+		defer close(done)
 		lr.routineLogRing(lr.ctx, r)
 	})
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// ownerStarted notes a ring routine for owner; the channel is closed when
+// it ends.
+func (lr *logRings) ownerStarted(owner uint64) chan struct{} {
+	ch := make(chan struct{})
+	lr.omu.Lock()
+	if lr.byOwner == nil {
+		lr.byOwner = map[uint64]chan struct{}{}
+	}
+	lr.byOwner[owner] = ch
+	lr.omu.Unlock()
+	return ch
+}
+
+// waitOwner waits (up to max) until the last ring routine of owner has
+// shipped everything its process appended and stopped.
+func (lr *logRings) waitOwner(owner uint64, max time.Duration) {
+	lr.omu.Lock()
+	ch := lr.byOwner[owner]
+	lr.omu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-time.After(max):
+		lr.log.Warn("the log ring of a dead process is still shipping; replaying what is stored", "owner", fmt.Sprintf("%x", owner))
+	}
 }
 
 // mapLogRing opens, checks and maps a ring, and removes its name.
@@ -609,7 +652,13 @@ func (lr *logRings) routineLogRetry(ctx context.Context, r *logRing, log *slog.L
 			}
 			var still *stillTrying
 			if errors.As(err, &still) {
-				continue // the shipment goes on
+				// The shipment goes on, unless its protector was replaced
+				// (declared dead, a spare promoted): nothing else asks the
+				// ring again while the process waits for this batch.
+				if lr.refresh != nil {
+					lr.refresh(ctx)
+				}
+				continue
 			}
 			failedAny = true
 			if now := time.Now(); now.Before(retryAt) {

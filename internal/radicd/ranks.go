@@ -458,6 +458,9 @@ func (d *Daemon) waitRank(k rankKey, p *rankProc, cmd *exec.Cmd) {
 	p.mu.Unlock()
 	close(p.done)
 	d.log.Info("rank exited", "job", k.job, "rank", k.rank, "pid", p.id.Pid, "how", e.String(), "restart", fault)
+	if p.epoch > 0 && e.Signal == 0 && e.Code == launch.ExitDiverged {
+		d.log.Error("a restarted rank diverged from its first run while replaying its log: the job cannot be recovered", "job", k.job, "rank", k.rank, "epoch", p.epoch, "shim_log", envValue(p.rec.Env, "RADIC_LOG_FILE"))
+	}
 	if fault {
 		g, proc := protector.GroupID(p.rec.Node), protector.ProcID(p.rec.Rank)
 		d.rec.input(func(m *protector.Machine, now time.Time) {
@@ -723,4 +726,14 @@ func lookPath(path string, env []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("program %q not found in the rank's PATH (%s)", path, dirs)
+}
+
+// envValue is the value of name in env, or "".
+func envValue(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }

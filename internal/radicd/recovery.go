@@ -30,8 +30,7 @@ import (
 // otherwise a frozen node's ranks could still run when they are
 // restarted elsewhere. Restart = re-execute the launch records, read from
 // the stores of the group's protectors, with the same job, rank and
-// environment; the replay of the ranks' received bytes is the next step
-// (the ranks are reported live at once).
+// environment, and replay their logs (replay.go).
 //
 // Endpoints (on --listen):
 //
@@ -138,6 +137,8 @@ type recoveryEdge struct {
 	// fatal: the groups the current Ready reported failed (ActFailed),
 	// for their Records' events (progress.go); recovery goroutine only.
 	fatal map[protector.GroupID]bool
+	// replays: the logs of ranks restarted here (replay.go)
+	replays *replayTable
 }
 
 // recoveryEnabled says whether this node restarts lost ranks, and why not.
@@ -440,6 +441,9 @@ func (e *recoveryEdge) restartHere(ctx context.Context, req restartReq) error {
 		if err != nil {
 			return err
 		}
+		if rec.Env, err = e.prepareReplay(ctx, req, l.Job, l.Rank, rec.Env); err != nil {
+			return err
+		}
 		path, err := lookPath(rec.Path, rec.Env)
 		if err != nil {
 			return err
@@ -476,14 +480,13 @@ func (e *recoveryEdge) restartHere(ctx context.Context, req restartReq) error {
 	}
 	g := protector.GroupID(req.Group)
 	e.input(func(m *protector.Machine, now time.Time) {
-		// No replay yet: the group is live as soon as it runs.
-		for _, f := range []func(time.Time, protector.GroupID, uint64) error{m.Started, m.Reconnected, m.Live} {
-			if err := f(now, g, req.Epoch); err != nil {
-				d.log.Warn("protector refused a stage of a restarted group", "group", g, "epoch", req.Epoch, "err", err)
-				return
-			}
+		if err := m.Started(now, g, req.Epoch); err != nil {
+			d.log.Warn("protector refused a stage of a restarted group", "group", g, "epoch", req.Epoch, "stage", "started", "err", err)
 		}
 	})
+	// Reconnected and Live come from the ranks' shims as they replay
+	// (replay.go); a group with no rank to replay has reached both.
+	e.stagesIfEmpty(groupEpoch{req.Group, req.Epoch})
 	return nil
 }
 

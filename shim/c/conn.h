@@ -80,7 +80,46 @@ struct radic_conn {
 	 * kernel's wait (atomic): a swap waits for them to leave (see
 	 * radic_conn_swap). */
 	int pollers;
+
+	/* Replay (a restarted process, ARCHITECTURE.md "Replay"). rx_hash is
+	 * the CRC-32C of the bytes delivered, [0, recvd), kept with recovery
+	 * on, for the resume handshake's digest. rp is the log of what this
+	 * connection received in the process's earlier run: receives take
+	 * their bytes and counts from it until it is exhausted (under
+	 * rlock). replay_end is where the peer resumes sending (the log's
+	 * end). tx_replay: this connection's sends regenerate bytes the peer
+	 * may have; skip_to and skip_hash (under wlock) are what the peer
+	 * said it received: sends below skip_to are hashed into tx_hash and
+	 * dropped, and the hash compared when sent reaches skip_to. */
+	uint32_t rx_hash;
+	int tx_replay;
+	struct radic_replay *rp;
+	uint64_t replay_end;
+	uint64_t skip_to;
+	uint32_t skip_hash, tx_hash;
+	/* The peer's digest from the handshake, taken up by the swap (until
+	 * then the send path must not start dropping: what it drops is not
+	 * in the ring the swap hashes). */
+	uint64_t verify_at;
+	uint32_t verify_hash;
+	int verify_set;
+	int ep_fd;      /* an fd of the connection, for moving epoll registrations */
 };
+
+/* One connection's log, for replay (owned by the connection once
+ * attached; freed when exhausted). */
+struct radic_replay {
+	unsigned char *data; /* the bytes received, [0, len) */
+	uint64_t len, pos;
+	int64_t *res; /* each receive's result: count, 0 end of stream, -errno */
+	uint64_t nres, idx;
+};
+
+/* Connections whose replay is not exhausted (atomic). */
+extern int radic_replaying;
+
+/* CRC-32C (Castagnoli), hardware where the CPU has it. */
+uint32_t radic_crc32c(uint32_t crc, const void *p, size_t n);
 
 extern struct radic_conn *radic_conns[];
 extern int radic_unready;       /* conns not UP: waiting calls must look closer */
@@ -124,6 +163,14 @@ void radic_conn_release(struct radic_conn *c);
 int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd);
 void radic_conn_barrier(struct radic_conn *c);
 int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at);
+/* Replay: attaches a connection's log (data and results are copied). */
+int radic_conn_replay(struct radic_conn *c, const void *data, uint64_t len, const int64_t *res,
+		      uint64_t nres);
+/* Replay: the peer received [0, at) of our stream, with CRC-32C hash. */
+void radic_conn_set_verify(struct radic_conn *c, uint64_t at, uint32_t hash);
+/* Where the peer resumes sending to us: max(recvd, the replayed log's end). */
+uint64_t radic_conn_resume_point(struct radic_conn *c);
+uint32_t radic_conn_rx_hash(struct radic_conn *c);
 int radic_conn_pump(struct radic_conn *c, int fd, int timeout_ms);
 void radic_conn_fail(struct radic_conn *c, int err, int fd);
 void radic_conn_ack_all(struct radic_conn *c);

@@ -23,6 +23,11 @@ const (
 	Resumed = 4 // V1: my recvd, V2: my close marker
 	Go      = 5 // the initiator has the answer: both sides swap
 	Refuse  = 6 // the acceptor does not know the connection (any more)
+	// Digest follows a Resume (initiator) and a Resumed (acceptor): V1 is
+	// the sender's recvd (as in the frame before it), V2 the CRC-32C of
+	// the bytes [0, V1) it received. A restarted process replaying its
+	// log checks its regenerated sends against its peer's digest.
+	Digest = 7
 )
 
 // FrameLen is the size of every control frame.
@@ -71,7 +76,7 @@ func ParseFrame(b []byte) (Frame, error) {
 	switch {
 	case len(b) != FrameLen:
 		return Frame{}, fmt.Errorf("control frame of %d bytes, want %d", len(b), FrameLen)
-	case b[0] < Open || b[0] > Refuse:
+	case b[0] < Open || b[0] > Digest:
 		return Frame{}, fmt.Errorf("control frame of unknown type %d: % x", b[0], b)
 	case b[1] != 0 || !allZero(b[35:]):
 		return Frame{}, fmt.Errorf("control frame with nonzero reserved bytes: % x", b)

@@ -14,6 +14,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		{Type: Ack, ID: 9, V1: math.MaxUint64, V2: 12345, Flags: HeardDone},
 		{Type: Resume, Port: 40000, Attempt: math.MaxUint32, ID: math.MaxUint64, V1: 1, V2: 2, Listener: 65535},
 		{Type: Refuse, ID: 1},
+		{Type: Digest, ID: 1<<32 | 3, V1: 1 << 40, V2: 0xdeadbeef},
 	} {
 		b := f.Bytes()
 		if len(b) != FrameLen {
@@ -37,7 +38,7 @@ func TestParseFrameErrors(t *testing.T) {
 		{"short", good[:32], "32 bytes, want 40"},
 		{"long", append(bytes.Clone(good), 0), "41 bytes"},
 		{"type 0", mut(0, 0), "unknown type 0"},
-		{"type 7", mut(0, 7), "unknown type 7"},
+		{"type 8", mut(0, 8), "unknown type 8"},
 		{"reserved byte 1", mut(1, 1), "nonzero reserved"},
 		{"reserved tail", mut(39, 1), "nonzero reserved"},
 		{"reserved after the flags", mut(35, 1), "nonzero reserved"},

@@ -1,0 +1,105 @@
+package observer
+
+import (
+	"errors"
+	"fmt"
+
+	msgrec "github.com/radic-project/radic/msglog/record"
+)
+
+// ConnReceives is what one connection delivered to its process in an
+// earlier run, as the exec backend replays it: the bytes, and the result
+// of each receive in call order (a count, 0 for end of stream, or -errno).
+type ConnReceives struct {
+	Data    []byte
+	Results []int64
+}
+
+// ReceiveLog is a process's logged receives, by connection, as rebuilt
+// from its msglog records ([SplitReceives]).
+type ReceiveLog struct {
+	Conns map[uint64]*ConnReceives
+	// DetLen is the determinant stream's length: where the restarted
+	// process's own determinants continue.
+	DetLen uint64
+}
+
+// ErrReceiveLog is wrapped by every error of SplitReceives.
+var ErrReceiveLog = errors.New("observer: inconsistent receive log")
+
+// SplitReceives rebuilds a process's receives from the records of its
+// streams (any order of streams; each stream's records in offset order,
+// overlaps allowed, as msglog cursors give them): the determinant stream's
+// receive determinants, each connection's data. It checks what replay
+// relies on: every stream starts at 0 and is contiguous, every
+// determinant decodes, and the counts of each connection's receives sum to
+// no more than its logged bytes (bytes beyond them arrived in a receive
+// that had not returned). Determinants of other kinds are refused: this
+// replay knows receives only.
+func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
+	fail := func(format string, args ...any) (*ReceiveLog, error) {
+		return nil, fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
+	}
+	var dets []byte
+	data := map[uint64][]byte{}
+	ends := map[uint64]uint64{}
+	for i := range recs {
+		r := &recs[i]
+		var buf *[]byte
+		switch {
+		case r.Kind == msgrec.KindDeterminant && r.Stream == DeterminantStream:
+			buf = &dets
+		case r.Kind == msgrec.KindData && r.Stream != DeterminantStream:
+			b := data[r.Stream]
+			buf = &b
+		default:
+			return fail("record %d: a %v record on stream %d", i, r.Kind, r.Stream)
+		}
+		end := ends[r.Stream]
+		if r.Offset > end {
+			return fail("stream %d has a gap at offset %d (record at %d)", r.Stream, end, r.Offset)
+		}
+		if r.End() > end {
+			*buf = append(*buf, r.Payload[end-r.Offset:]...)
+			ends[r.Stream] = r.End()
+		}
+		if r.Kind == msgrec.KindData {
+			data[r.Stream] = *buf
+		}
+	}
+	log := &ReceiveLog{Conns: map[uint64]*ConnReceives{}, DetLen: uint64(len(dets))}
+	get := func(conn uint64) *ConnReceives {
+		c := log.Conns[conn]
+		if c == nil {
+			c = &ConnReceives{Data: data[conn]}
+			log.Conns[conn] = c
+		}
+		return c
+	}
+	counted := map[uint64]uint64{}
+	for off := 0; off < len(dets); {
+		d, n, err := DecodeDeterminant(dets[off:])
+		if err != nil {
+			return fail("determinant at offset %d: %v", off, err)
+		}
+		if d.Kind != KindRecv {
+			return fail("determinant at offset %d: %v (only receives are replayed)", off, &d)
+		}
+		c := get(d.Conn)
+		switch {
+		case d.Errno != 0:
+			c.Results = append(c.Results, -int64(d.Errno))
+		default:
+			c.Results = append(c.Results, int64(d.N))
+			counted[d.Conn] += d.N
+			if counted[d.Conn] > uint64(len(c.Data)) {
+				return fail("connection %s: receives returned %d bytes, %d are logged", ConnString(d.Conn), counted[d.Conn], len(c.Data))
+			}
+		}
+		off += n
+	}
+	for conn := range data {
+		get(conn)
+	}
+	return log, nil
+}

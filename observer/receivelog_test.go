@@ -1,0 +1,105 @@
+package observer
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	msgrec "github.com/radic-project/radic/msglog/record"
+)
+
+func dets(t *testing.T, ds ...Determinant) []byte {
+	t.Helper()
+	var b []byte
+	for i := range ds {
+		var err error
+		if b, err = AppendDeterminant(b, &ds[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+func TestSplitReceives(t *testing.T) {
+	const c1, c2 = 1<<32 | 0, 2<<32 | 5
+	d := dets(t,
+		Determinant{Kind: KindRecv, Conn: c1, N: 3},
+		Determinant{Kind: KindRecv, Conn: c2, Errno: syscall.EAGAIN},
+		Determinant{Kind: KindRecv, Conn: c1, N: 2},
+		Determinant{Kind: KindRecv, Conn: c2, N: 1},
+		Determinant{Kind: KindRecv, Conn: c1},
+	)
+	recs := []msgrec.Record{
+		{Kind: msgrec.KindData, Stream: c1, Offset: 0, Payload: []byte("abc")},
+		{Kind: msgrec.KindData, Stream: c1, Offset: 2, Payload: []byte("cdefg")}, // overlap, and 2 bytes past the counts
+		{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Offset: 0, Payload: d[:4]},
+		{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Offset: 4, Payload: d[4:]},
+		{Kind: msgrec.KindData, Stream: c2, Offset: 0, Payload: []byte("z")},
+	}
+	got, err := SplitReceives(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &ReceiveLog{DetLen: uint64(len(d)), Conns: map[uint64]*ConnReceives{
+		c1: {Data: []byte("abcdefg"), Results: []int64{3, 2, 0}},
+		c2: {Data: []byte("z"), Results: []int64{-int64(syscall.EAGAIN), 1}},
+	}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("SplitReceives (-want +got):\n%s", diff)
+	}
+}
+
+func TestSplitReceivesRefuses(t *testing.T) {
+	const c1 = 7
+	for _, tc := range []struct {
+		name string
+		recs []msgrec.Record
+	}{
+		{"gap", []msgrec.Record{{Kind: msgrec.KindData, Stream: c1, Offset: 1, Payload: []byte("x")}}},
+		{"count past data", []msgrec.Record{
+			{Kind: msgrec.KindData, Stream: c1, Payload: []byte("ab")},
+			{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Payload: dets(t, Determinant{Kind: KindRecv, Conn: c1, N: 3})},
+		}},
+		{"not a receive", []msgrec.Record{
+			{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Payload: dets(t, Determinant{Kind: KindSend, Conn: c1, N: 3})},
+		}},
+		{"truncated determinant", []msgrec.Record{
+			{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Payload: dets(t, Determinant{Kind: KindRecv, Conn: c1, N: 300})[:3]},
+		}},
+		{"launch record", []msgrec.Record{{Kind: msgrec.KindLaunch, Stream: 1}}},
+	} {
+		if _, err := SplitReceives(tc.recs); !errors.Is(err, ErrReceiveLog) {
+			t.Errorf("%s: SplitReceives = %v, want ErrReceiveLog", tc.name, err)
+		}
+	}
+}
+
+// FuzzSplitReceives: any decoded records give a log or ErrReceiveLog,
+// never a panic, and the counts never exceed the data.
+func FuzzSplitReceives(f *testing.F) {
+	f.Add([]byte{0x11, 0x07, 0x00, 0x02}, []byte("ab"), uint8(0))
+	f.Fuzz(func(t *testing.T, det, data []byte, off uint8) {
+		recs := []msgrec.Record{
+			{Kind: msgrec.KindData, Stream: 7, Offset: uint64(off % 4), Payload: data},
+			{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Payload: det},
+		}
+		log, err := SplitReceives(recs)
+		if err != nil {
+			if !errors.Is(err, ErrReceiveLog) {
+				t.Fatalf("error %v does not wrap ErrReceiveLog", err)
+			}
+			return
+		}
+		for conn, c := range log.Conns {
+			var n int64
+			for _, r := range c.Results {
+				n += max(r, 0)
+			}
+			if n > int64(len(c.Data)) {
+				t.Fatalf("connection %d: counts %d > %d bytes", conn, n, len(c.Data))
+			}
+		}
+	})
+}

@@ -1,0 +1,168 @@
+package main
+
+/*
+#include "shim.h"
+#include "conn.h"
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	msgrec "github.com/radic-project/radic/msglog/record"
+	"github.com/radic-project/radic/observer"
+	"github.com/radic-project/radic/observer/logring"
+)
+
+// Replay, the shim's half (ARCHITECTURE.md, "Replay"). A rank that radicd
+// restarted (the exec backend: re-executed from its launch record) has
+// RADIC_REPLAY=<epoch> in its environment. Before main() it fetches its
+// log from its node's radicd (GET /v1/replay/{owner}: the msglog records
+// of its streams, which radicd fetched from the protector that holds
+// them), splits it per connection (observer.SplitReceives), and hands
+// each connection's bytes and receive results to C when the app creates
+// that connection again (same logical id: same connect order). C serves
+// receives from it until it is exhausted; Go resumes the connection with
+// the surviving peer, whose digest of what it received checks the sends
+// the process regenerates (C, radic_conn_swap and the send path).
+
+type replayState struct {
+	epoch uint32
+	owner uint64
+	log   *observer.ReceiveLog
+
+	mu sync.Mutex
+	// +checklocks:mu
+	resumed map[uint64]bool // logged connections resumed with their peer
+}
+
+// fetchReplay gets this process's log from radicd.
+func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error) {
+	epoch, err := strconv.ParseUint(epochEnv, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("RADIC_REPLAY=%q: want the restart's epoch", epochEnv)
+	}
+	owner := logring.Owner(s.jobHash, s.lpid)
+	hc := &http.Client{Timeout: 60 * time.Second}
+	resp, err := hc.Get(fmt.Sprintf("http://%s/v1/replay/%d", daemon, owner))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("radicd: %s: %s", resp.Status, bytes.TrimSpace(body))
+	}
+	var recs []msgrec.Record
+	for off := 0; off < len(body); {
+		r, n, err := msgrec.Decode(body[off:])
+		if err != nil {
+			return nil, fmt.Errorf("log record at +%d: %w", off, err)
+		}
+		recs = append(recs, r)
+		off += n
+	}
+	log, err := observer.SplitReceives(recs)
+	if err != nil {
+		return nil, err
+	}
+	var n int
+	for _, c := range log.Conns {
+		n += len(c.Data)
+	}
+	logf("restarted (epoch %d): replaying %d connections, %d bytes, %d determinant bytes", epoch, len(log.Conns), n, log.DetLen)
+	return &replayState{epoch: uint32(epoch), owner: owner, log: log, resumed: map[uint64]bool{}}, nil
+}
+
+// logged reports whether connection id has a log to replay.
+func (r *replayState) logged(id uint64) bool {
+	if r == nil {
+		return false
+	}
+	_, ok := r.log.Conns[id]
+	return ok
+}
+
+// attach hands connection id's log to C.
+func (r *replayState) attach(c *conn) {
+	cr := r.log.Conns[c.id]
+	var data unsafe.Pointer
+	if len(cr.Data) > 0 {
+		data = unsafe.Pointer(&cr.Data[0])
+	}
+	var res *C.int64_t
+	if len(cr.Results) > 0 {
+		res = (*C.int64_t)(unsafe.Pointer(&cr.Results[0]))
+	}
+	if C.radic_conn_replay(c.c, data, C.uint64_t(len(cr.Data)), res, C.uint64_t(len(cr.Results))) < 0 {
+		logf("connection %s: out of memory for its replay: stopping", c)
+		os.Exit(1)
+	}
+	c.replayed = true
+	if c.initiator {
+		// Our resumes must not look stale to the peer, which counted the
+		// earlier run's attempts. (As the acceptor we take the peer's.)
+		c.attempt = r.epoch << 20
+	}
+	debugf("connection %s: replaying %d bytes, %d receives", c, len(cr.Data), len(cr.Results))
+}
+
+// resumedConn notes a logged connection resumed with its peer.
+func (r *replayState) resumedConn(id uint64) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.resumed[id] = true
+	r.mu.Unlock()
+}
+
+// routineProgress tells radicd when every logged connection has resumed
+// (the protector's Reconnected) and when every log is used up (Live).
+func (s *safeSockets) routineProgress() {
+	r := s.replay
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	stage := "reconnected"
+	for range t.C {
+		r.mu.Lock()
+		n := len(r.resumed)
+		r.mu.Unlock()
+		if stage == "reconnected" && n >= len(r.log.Conns) {
+			s.postStage(stage)
+			stage = "live"
+		}
+		if stage == "live" && C.radic_replaying == 0 {
+			// Every log that was attached is exhausted, and every logged
+			// connection was created (resumed implies attached).
+			s.postStage(stage)
+			logf("replay done: live")
+			return
+		}
+	}
+}
+
+func (s *safeSockets) postStage(stage string) {
+	req, err := newRequest("POST", fmt.Sprintf("http://%s/v1/replay/%d/%s", s.loc.daemon, s.replay.owner, stage), "")
+	if err == nil {
+		var resp *http.Response
+		if resp, err = s.loc.hc.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}
+	if err != nil {
+		logf("cannot tell radicd that replay reached %s: %v", stage, err)
+	}
+}

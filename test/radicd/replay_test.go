@@ -1,0 +1,278 @@
+package radicd_test
+
+import (
+	"bufio"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/radic-project/radic/internal/clustertest"
+	"github.com/radic-project/radic/internal/testenv"
+)
+
+// The replay tests run the two-way stream checker (test/apps/stream, 2
+// ranks: rank 1 connects to rank 0, both directions stream 16 MiB at 4
+// MiB/s, every byte checked, a digest per rank that depends only on the
+// bytes received) under `radic run --recovery`, and kill a rank (the
+// process, or its node) once its node has logged 2 MiB. The restarted rank
+// must replay its log, resume the connection rank 0 still holds, and the
+// job must end with the fault-free output: the same "stream ok" lines
+// (digests) and status 0. --progress 0: the progress lines depend on
+// timing, and a restarted rank's stderr is compared with its first run's.
+
+// waitJob waits for the job's status, 3 minutes at most (then the test
+// fails and its cleanup kills `radic run` and takes the cluster down).
+func waitJob(t *testing.T, wait func() int) int {
+	t.Helper()
+	ch := make(chan int, 1)
+	go func() { ch <- wait() }()
+	select {
+	case code := <-ch:
+		return code
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the job did not end within 3 minutes")
+		return -1
+	}
+}
+
+// streamRun is `radic run` of the stream checker on c.
+func streamRun(t *testing.T, mode string) []string {
+	return []string{"--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+		testenv.Artifact(t, "build/apps/stream"), "--mode", mode, "--bytes", "16M", "--rate", "4M", "--progress", "0"}
+}
+
+// okLines are the "stream ok" lines of out, sorted by rank.
+func okLines(out string) string {
+	var ls [2]string
+	re := regexp.MustCompile(`^\[rank (\d)\] (stream ok .*)$`)
+	for l := range strings.SplitSeq(out, "\n") {
+		if m := re.FindStringSubmatch(l); m != nil {
+			r := m[1][0] - '0'
+			ls[r] += m[2] + "\n"
+		}
+	}
+	return ls[0] + ls[1]
+}
+
+// logBytes reads radic_log_bytes from node's metrics.
+func (c *netnsCluster) logBytes(node int) float64 {
+	_, m := c.daemon(node)
+	resp, err := http.Get("http://" + m + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "radic_log_bytes "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// waitLogged waits until node has logged n more bytes than base (its
+// radic_log_bytes before the job): the kill comes in the middle of the
+// stream, with a log to replay.
+func (c *netnsCluster) waitLogged(node int, base, n float64) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.logBytes(node) < base+n {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %d did not log %.0f bytes within 30 s", node, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// replayed returns the bytes the restarted rank said it replays, from its
+// shim's log file in the state dir of node (radicd's RADIC_LOG_FILE).
+func (c *netnsCluster) replayed(node int) (int, string) {
+	c.t.Helper()
+	n, err := c.state().Node(node)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(n.StateDir, "replay-*.log"))
+	var all string
+	var newest time.Time
+	for _, f := range files { // this job's: the newest
+		if st, err := os.Stat(f); err == nil && st.ModTime().After(newest) {
+			b, _ := os.ReadFile(f)
+			all, newest = string(b), st.ModTime()
+		}
+	}
+	m := regexp.MustCompile(`replaying \d+ connections, (\d+) bytes`).FindStringSubmatch(all)
+	if m == nil {
+		return 0, all
+	}
+	v, _ := strconv.Atoi(m[1])
+	return v, all
+}
+
+// dumpReplayLogs: if the test fails, its cleanup logs the restarted
+// ranks' shim logs (before the cluster's own cleanup removes them).
+func (c *netnsCluster) dumpReplayLogs() {
+	c.t.Cleanup(func() {
+		if !c.t.Failed() {
+			return
+		}
+		files, _ := filepath.Glob(filepath.Join(c.dir, "nodes", "*", "replay-*.log"))
+		for _, f := range files {
+			b, _ := os.ReadFile(f)
+			c.t.Logf("%s:\n%s", f, b)
+		}
+	})
+}
+
+// TestReplayStream: a rank killed in the middle of a two-way stream (alone,
+// or with its node) is restarted, replays its log and the job ends as a
+// fault-free run does, in each of the stream's I/O modes (blocking
+// threads, poll, epoll), whether it made the connection or accepted it
+// (kill-node of the accepting rank needs its listener to move with it:
+// not yet).
+func TestReplayStream(t *testing.T) {
+	c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+	c.dumpReplayLogs()
+	code, out := c.runJob(streamRun(t, "blocking")...)
+	want := okLines(out)
+	if code != 0 || strings.Count(want, "stream ok") != 2 {
+		t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
+	}
+	for _, tc := range []struct {
+		name, mode, fault string
+		rank              int // the rank killed (rank 1 connected, rank 0 accepted), on node rank
+		on                int // the node it restarts on
+	}{
+		{"kill-rank-blocking", "blocking", "kill-rank", 1, 1},
+		{"kill-rank-poll", "poll", "kill-rank", 1, 1},
+		{"kill-rank-epoll", "epoll", "kill-rank", 1, 1},
+		{"kill-rank-acceptor", "blocking", "kill-rank", 0, 0},
+		{"kill-node-blocking", "blocking", "kill-node", 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := c.logBytes(tc.rank)
+			out, wait := c.startJob(streamRun(t, tc.mode)...)
+			clustertest.WaitRanks(t, c.dir, 2)
+			c.waitLogged(tc.rank, base, 2<<20)
+			if o, err := c.radic("fault", tc.fault, strconv.Itoa(tc.rank)); err != nil {
+				t.Fatalf("%s %d: %v\n%s", tc.fault, tc.rank, err, o)
+			}
+			code := waitJob(t, wait)
+			got := okLines(out.String())
+			if code != 0 || got != want {
+				t.Fatalf("status %d, stream ok lines:\n%s\nwant:\n%s\nwhole output:\n%s", code, got, want, out.String())
+			}
+			n, log := c.replayed(tc.on)
+			if n <= 0 || n >= 16<<20 {
+				t.Errorf("the restarted rank replayed %d bytes, want some of the 16 MiB; its shim's log:\n%s", n, log)
+			}
+			if !regexp.MustCompile(`rank ` + strconv.Itoa(tc.rank) + ` restarted on node ` + strconv.Itoa(tc.on)).MatchString(out.String()) {
+				t.Errorf("no recovery event naming node %d:\n%s", tc.on, out.String())
+			}
+			t.Logf("replayed %d bytes", n)
+		})
+	}
+}
+
+// stallLog drops node's TCP to node `to`'s radicd port (its log's
+// replication stream to its protector), not its heartbeats (UDP) nor the
+// ranks' connections: the log stops becoming stable.
+func (c *netnsCluster) stallLog(node, to int) {
+	c.t.Helper()
+	s := c.state()
+	n, m := s.Nodes[node], s.Nodes[to]
+	for _, args := range [][]string{
+		{"add", "table", "inet", "rtest"},
+		{"add", "chain", "inet", "rtest", "out", "{ type filter hook output priority 0; }"},
+		{"add", "rule", "inet", "rtest", "out", "ip", "daddr", m.Addr, "tcp", "dport", "7470", "drop"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", n.Netns, "nft"}, args...)...).CombinedOutput(); err != nil {
+			c.t.Fatalf("nft %v in %s: %v\n%s", args, n.Netns, err, out)
+		}
+	}
+}
+
+// TestReplayPessimism: node 1's log stops reaching its protector (node 0)
+// for a second, then node 1 dies. With pessimistic logging nothing rank 1
+// received in that second was acknowledged to rank 0 (acknowledgements
+// say what is logged), so rank 0 still has those bytes and resends them
+// after the restart: the job ends as a fault-free run does. With
+// RADIC_TEST_ACK_BEFORE_LOG=1 (received bytes acknowledged before they are
+// logged: broken pessimism) rank 0 has freed bytes the restarted rank's
+// log never got; it refuses to resume below what it was told was logged,
+// and the job fails with that reason. The same run is both the check and
+// its control.
+func TestReplayPessimism(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		name := "pessimistic"
+		if broken {
+			name = "ack-before-log"
+		}
+		t.Run(name, func(t *testing.T) {
+			c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+			c.dumpReplayLogs()
+			want := ""
+			if !broken {
+				code, out := c.runJob(streamRun(t, "blocking")...)
+				if want = okLines(out); code != 0 {
+					t.Fatalf("fault-free run: status %d:\n%s", code, out)
+				}
+			} else {
+				c.env = append(c.env, "RADIC_TEST_ACK_BEFORE_LOG=1")
+			}
+			base := c.logBytes(1)
+			out, wait := c.startJob(streamRun(t, "blocking")...)
+			clustertest.WaitRanks(t, c.dir, 2)
+			c.waitLogged(1, base, 2<<20)
+			c.stallLog(1, 0)
+			time.Sleep(time.Second) // rank 1 receives on (broken) or waits for its log (pessimistic)
+			if o, err := c.radic("fault", "kill-node", "1"); err != nil {
+				t.Fatalf("kill-node 1: %v\n%s", err, o)
+			}
+			code := waitJob(t, wait)
+			switch {
+			case broken && (code == 0 || !strings.Contains(out.String(), "acknowledged as logged; they are no longer kept")):
+				t.Fatalf("status %d; want a failure naming the bytes acknowledged but not logged:\n%s", code, out.String())
+			case !broken && (code != 0 || okLines(out.String()) != want):
+				t.Fatalf("status %d, stream ok lines:\n%s\nwant:\n%s\nwhole output:\n%s", code, okLines(out.String()), want, out.String())
+			}
+		})
+	}
+}
+
+// TestReplayDivergence: a rank that sends what it reads from /dev/urandom
+// (test/apps/urandom) is killed and restarted; its regenerated bytes are
+// not what rank 0 received, and the job stops with the divergence error
+// naming the process, the connection and the offset, instead of going on
+// with another history.
+func TestReplayDivergence(t *testing.T) {
+	c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+	c.dumpReplayLogs()
+	base := c.logBytes(1)
+	out, wait := c.startJob("--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+		testenv.Artifact(t, "build/apps/urandom"))
+	clustertest.WaitRanks(t, c.dir, 2)
+	c.waitLogged(1, base, 40) // ten blocks acknowledged
+	if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
+		t.Fatalf("kill-rank 1: %v\n%s", err, o)
+	}
+	code := waitJob(t, wait)
+	// radic run names the divergence exit; the rank's line (on its
+	// stderr, which radic run may stop forwarding first, and in its
+	// shim's log file) names the connection and the offset.
+	if code != 86 || !strings.Contains(out.String(), "rank 1 (node 1, pid ") || !strings.Contains(out.String(), "the divergence exit") {
+		t.Fatalf("status %d; want 86 and the divergence exit named:\n%s", code, out.String())
+	}
+	re := regexp.MustCompile(`DIVERGENCE: process 1, connection 1:0: the regenerated stream differs at offset \d+`)
+	if _, log := c.replayed(1); !re.MatchString(log) {
+		t.Errorf("no DIVERGENCE line naming the connection and offset in the restarted rank's log:\n%s", log)
+	}
+}
