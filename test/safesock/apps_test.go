@@ -189,3 +189,39 @@ func TestWaitAcrossSwapStarved(t *testing.T) {
 		})
 	}
 }
+
+// iperf3's wait (apps/ctlwait): one thread selects (or polls) on 16 idle
+// control connections and a data connection, and reads a control
+// connection said to be readable with a blocking read. Three 1 s cuts
+// break the 17 connections one after another (each has its own control
+// channel), so most breaks land in a wait that an earlier break already
+// sent round again: a socket shut down by a break must not be reported
+// readable (TestIperf3Cut hung so, in a read of its control connection).
+func TestWaitAcrossBreaks(t *testing.T) {
+	for _, poller := range []string{"select", "poll"} {
+		t.Run(poller, func(t *testing.T) {
+			c := newCluster(t, 2)
+			j := c.start(runOpts{np: 2, nodes: "0,1", what: "ctlwait"}, testenv.Artifact(t, "build/apps/ctlwait"),
+				"--seconds", "9", "--conns", "16", "--poller", poller)
+			jb := c.waitRanks(2)
+			j.stalled = func() { c.dumpStall(jb) }
+			time.Sleep(time.Second)
+			for i := range 3 {
+				j.mustRun(fmt.Sprintf("cut %d of 3", i+1))
+				c.fault(j, "cut-link", strconv.Itoa(i%2), "--for", "1s")
+				c.waitHealed(10 * time.Second)
+				time.Sleep(500 * time.Millisecond)
+			}
+			code := j.wait(time.Minute)
+			out := j.out.String()
+			for _, r := range []string{"0", "1"} {
+				if !regexp.MustCompile(`ctlwait rank ` + r + ` bytes [1-9]\d* waits`).MatchString(out) {
+					t.Errorf("rank %s printed no result line", r)
+				}
+			}
+			if code != 0 {
+				t.Fatalf("ctlwait (%s) across 3 cuts: exit status %d, want 0", poller, code)
+			}
+		})
+	}
+}
