@@ -527,6 +527,16 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
  * connection is replaced by its wake fd (readable once it is resumed, then
  * the whole set is polled again); a FAILED one reports an error at once.
  * Called only when radic_unready > 0.
+ *
+ * A connection that was UP when the set was made can break while the poll
+ * waits on its socket: the break's shutdown makes that socket "readable"
+ * (and writable, hung up), which is not true of the connection. Such an
+ * answer is never returned; the set is polled again, the broken
+ * connection on its wake fd. Connections break one after another (each
+ * has its own control channel), so the wait that the first break sends
+ * here is the one most later breaks land in: iperf3, told so that its
+ * control connection was readable, read it with a blocking read that
+ * waited for ever on the resumed socket (TestWaitAcrossBreaks).
  */
 int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
@@ -540,6 +550,10 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 	int r;
 	for (;;) {
 		int failed = 0, swapped = 0;
+		/* Read before the states below (radic_conn_break bumps it after
+		 * marking a connection BROKEN, before its shutdown): a break
+		 * that they miss moves it. */
+		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST);
 		for (nfds_t i = 0; i < n; i++) {
 			p[i] = fds[i];
 			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
@@ -573,6 +587,7 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 		}
 		if (r < 0)
 			break;
+		int stale = __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST) != b0;
 		int woke = 0;
 		r = 0;
 		for (nfds_t i = 0; i < n; i++) {
@@ -587,16 +602,18 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 			fds[i].revents = ev;
 			r += ev != 0;
 		}
-		if (r > 0 || !woke || !swapped)
+		if (!stale && (r > 0 || !woke || !swapped))
 			break;
-		/* A broken connection came back: poll again for what is left. */
+		/* A broken connection came back, or one broke under the poll:
+		 * poll again for what is left. A stale answer is not returned
+		 * even when the time is up: one more look, without waiting. */
 		if (timeout_ms >= 0) {
 			struct timespec t1;
 			clock_gettime(CLOCK_MONOTONIC, &t1);
 			long el = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
-			if (el >= timeout_ms)
+			if (el >= timeout_ms && !stale)
 				break;
-			timeout_ms -= (int)el;
+			timeout_ms = el >= timeout_ms ? 0 : timeout_ms - (int)el;
 			t0 = t1;
 		}
 	}

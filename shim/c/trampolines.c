@@ -837,6 +837,20 @@ static void hold_select_sets(int nfds, const fd_set *rd, const fd_set *wr, const
 	}
 }
 
+/*
+ * The break counter a wait compares with once the kernel's wait returns.
+ * It is read before the holds and still_ready(): radic_conn_break marks a
+ * connection BROKEN (radic_unready) before it bumps the counter and shuts
+ * the socket down, so a break that still_ready() misses bumps the counter
+ * after this read. Read after still_ready(), it could already count a
+ * break whose shutdown the wait then finds, and the shut-down socket's
+ * "readable" would be returned as the connection's.
+ */
+static inline unsigned breaks_before_hold(void)
+{
+	return __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST);
+}
+
 /* After hold_*: is every safe socket still UP? (Read after the holds, in
  * the order radic_conn_hold needs.) */
 static inline int still_ready(void)
@@ -873,12 +887,12 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 			struct timespec ts = {timeout / 1000, (timeout % 1000) * 1000000L};
 			return REAL(ppoll)(fds, n, timeout < 0 ? NULL : &ts, without_urg(NULL, &m));
 		}
+		unsigned b0 = breaks_before_hold();
 		hold_poll_set(fds, n, 1);
 		if (!still_ready()) {
 			hold_poll_set(fds, n, -1);
 			return radic_conn_poll(fds, n, timeout, NULL);
 		}
-		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 		long t0 = timeout > 0 ? mono_ms() : 0;
 		int k = REAL(poll)(fds, n, timeout);
 		hold_poll_set(fds, n, -1);
@@ -898,12 +912,12 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset
 		if (radic_manage_policy != RADIC_MANAGE_JOB &&
 		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
 			return (int)r;
+		unsigned b0 = breaks_before_hold();
 		hold_poll_set(fds, n, 1);
 		if (!still_ready()) {
 			hold_poll_set(fds, n, -1);
 			return radic_conn_poll(fds, n, timespec_ms(tmo), mask);
 		}
-		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 		long t0 = mono_ms();
 		int k = REAL(ppoll)(fds, n, tmo, mask);
 		hold_poll_set(fds, n, -1);
@@ -970,12 +984,12 @@ static int select_watching_breaks(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, 
 		w0 = *wr;
 	if (ex)
 		e0 = *ex;
+	unsigned b0 = breaks_before_hold();
 	hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, 1);
 	if (!still_ready()) {
 		hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, -1);
 		return select_as_poll(nfds, rd, wr, ex, timeout, mask);
 	}
-	unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
 	long t0 = mono_ms();
 	int k = is_pselect ? REAL(pselect)(nfds, rd, wr, ex, tmo, mask)
 			   : REAL(select)(nfds, rd, wr, ex, (struct timeval *)tv);
