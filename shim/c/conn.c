@@ -523,10 +523,42 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 #define RADIC_POLL_STACK 256
 
 /*
- * poll(2) over a set with managed fds of which some are not UP. A BROKEN
- * connection is replaced by its wake fd (readable once it is resumed, then
- * the whole set is polled again); a FAILED one reports an error at once.
- * Called only when radic_unready > 0.
+ * The socket of an UP connection says end of stream or error (POLLRDHUP,
+ * POLLHUP, POLLERR). That is readiness only if the stream really ended:
+ * the peer's close marker, or bytes still to read before the end. Else it
+ * is a failure nobody has seen yet (the peer broke first, and its
+ * shutdown's FIN got through; a reset): told "readable", the app would
+ * read, the read would find the end, break the connection and, once it is
+ * resumed, block on the new socket for bytes that may never come (iperf3
+ * reading its control connection, which speaks only at the end of a
+ * test). So the failure is reported here, as the read would have, and the
+ * caller polls again. Returns 1 when the readiness was not true. Called
+ * with the connection held, so no swap can change the socket under fd.
+ */
+static int false_end(struct radic_conn *c, int fd)
+{
+	if (load64(&c->peer_end) == load64(&c->recvd))
+		return 0;
+	char b;
+	ssize_t r = REAL(recv)(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (r > 0)
+		return 0;
+	int e = errno;
+	if (r < 0 && (e == EAGAIN || e == EINTR))
+		return 0;
+	uint32_t gen = c->gen;
+	if (r == 0)
+		return report(c, gen, 0, 1, 0) == 0; /* 1: the marker came, a proper end */
+	report(c, gen, e, 0, 1);
+	return 1;
+}
+
+/*
+ * poll(2) over a set with managed fds: every poll, ppoll, select and
+ * pselect of the job's on a safe socket. A BROKEN connection is replaced
+ * by its wake fd (readable once it is resumed, then the whole set is
+ * polled again); a FAILED one reports an error at once; an UP one's end
+ * of stream or error is checked (false_end).
  *
  * A connection that was UP when the set was made can break while the poll
  * waits on its socket: the break's shutdown makes that socket "readable"
@@ -564,7 +596,9 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 				if (st != RADIC_CONN_UP)
 					radic_conn_unhold(c); /* its socket is not polled */
 			}
-			if (st == RADIC_CONN_BROKEN) {
+			if (st == RADIC_CONN_UP && c) {
+				p[i].events |= POLLRDHUP; /* an end is looked at (false_end) */
+			} else if (st == RADIC_CONN_BROKEN) {
 				p[i].fd = c->wake_fd;
 				p[i].events = POLLIN;
 				swapped = 1;
@@ -580,14 +614,19 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 		r = REAL(poll)(p, n, tmo);
 		if (mask)
 			pthread_sigmask(SIG_SETMASK, &old, NULL);
+		int ended = 0;
 		for (nfds_t i = 0; i < n; i++) {
 			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
-			if (c && p[i].fd == fds[i].fd)
+			if (c && p[i].fd == fds[i].fd) {
+				if (r > 0 && (p[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
+				    false_end(c, fds[i].fd))
+					ended = 1;
 				radic_conn_unhold(c);
+			}
 		}
 		if (r < 0)
 			break;
-		int stale = __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST) != b0;
+		int stale = ended || __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST) != b0;
 		int woke = 0;
 		r = 0;
 		for (nfds_t i = 0; i < n; i++) {
@@ -598,6 +637,8 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 				ev = 0;
 			} else if (c && p[i].fd == -1 && fds[i].fd >= 0) {
 				ev = (fds[i].events & (POLLIN | POLLOUT)) | POLLERR | POLLHUP;
+			} else if (c) {
+				ev &= fds[i].events | POLLERR | POLLHUP | POLLNVAL;
 			}
 			fds[i].revents = ev;
 			r += ev != 0;
