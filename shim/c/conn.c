@@ -823,10 +823,52 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
 #define RADIC_POLL_STACK 256
 
 /*
- * poll(2) over a set with managed fds of which some are not UP. A BROKEN
- * connection is replaced by its wake fd (readable once it is resumed, then
- * the whole set is polled again); a FAILED one reports an error at once.
- * Called only when radic_unready > 0.
+ * The socket of an UP connection says end of stream or error (POLLRDHUP,
+ * POLLHUP, POLLERR). That is readiness only if the stream really ended:
+ * the peer's close marker, or bytes still to read before the end. Else it
+ * is a failure nobody has seen yet (the peer broke first, and its
+ * shutdown's FIN got through; a reset): told "readable", the app would
+ * read, the read would find the end, break the connection and, once it is
+ * resumed, block on the new socket for bytes that may never come (iperf3
+ * reading its control connection, which speaks only at the end of a
+ * test). So the failure is reported here, as the read would have, and the
+ * caller polls again. Returns 1 when the readiness was not true. Called
+ * with the connection held, so no swap can change the socket under fd.
+ */
+static int false_end(struct radic_conn *c, int fd)
+{
+	if (load64(&c->peer_end) == load64(&c->recvd))
+		return 0;
+	char b;
+	ssize_t r = REAL(recv)(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (r > 0)
+		return 0;
+	int e = errno;
+	if (r < 0 && (e == EAGAIN || e == EINTR))
+		return 0;
+	uint32_t gen = c->gen;
+	if (r == 0)
+		return report(c, gen, 0, 1, 0) == 0; /* 1: the marker came, a proper end */
+	report(c, gen, e, 0, 1);
+	return 1;
+}
+
+/*
+ * poll(2) over a set with managed fds: every poll, ppoll, select and
+ * pselect of the job's on a safe socket. A BROKEN connection is replaced
+ * by its wake fd (readable once it is resumed, then the whole set is
+ * polled again); a FAILED one reports an error at once; an UP one's end
+ * of stream or error is checked (false_end).
+ *
+ * A connection that was UP when the set was made can break while the poll
+ * waits on its socket: the break's shutdown makes that socket "readable"
+ * (and writable, hung up), which is not true of the connection. Such an
+ * answer is never returned; the set is polled again, the broken
+ * connection on its wake fd. Connections break one after another (each
+ * has its own control channel), so the wait that the first break sends
+ * here is the one most later breaks land in: iperf3, told so that its
+ * control connection was readable, read it with a blocking read that
+ * waited for ever on the resumed socket (TestWaitAcrossBreaks).
  */
 int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
@@ -840,6 +882,10 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 	int r;
 	for (;;) {
 		int failed = 0, swapped = 0;
+		/* Read before the states below (radic_conn_break bumps it after
+		 * marking a connection BROKEN, before its shutdown): a break
+		 * that they miss moves it. */
+		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST);
 		for (nfds_t i = 0; i < n; i++) {
 			p[i] = fds[i];
 			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
@@ -856,7 +902,9 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 				if (st != RADIC_CONN_UP)
 					radic_conn_unhold(c); /* its socket is not polled */
 			}
-			if (st == RADIC_CONN_BROKEN) {
+			if (st == RADIC_CONN_UP && c) {
+				p[i].events |= POLLRDHUP; /* an end is looked at (false_end) */
+			} else if (st == RADIC_CONN_BROKEN) {
 				p[i].fd = c->wake_fd;
 				p[i].events = POLLIN;
 				swapped = 1;
@@ -872,13 +920,19 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 		r = REAL(poll)(p, n, tmo);
 		if (mask)
 			pthread_sigmask(SIG_SETMASK, &old, NULL);
+		int ended = 0;
 		for (nfds_t i = 0; i < n; i++) {
 			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
-			if (c && p[i].fd == fds[i].fd)
+			if (c && p[i].fd == fds[i].fd) {
+				if (r > 0 && (p[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
+				    false_end(c, fds[i].fd))
+					ended = 1;
 				radic_conn_unhold(c);
+			}
 		}
 		if (r < 0)
 			break;
+		int stale = ended || __atomic_load_n(&radic_breaks, __ATOMIC_SEQ_CST) != b0;
 		int woke = 0;
 		r = 0;
 		for (nfds_t i = 0; i < n; i++) {
@@ -892,20 +946,24 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 				ev = POLLIN | (load_state(c) == RADIC_CONN_UP ? (fds[i].events & POLLOUT) : 0);
 			} else if (c && p[i].fd == -1 && fds[i].fd >= 0) {
 				ev = (fds[i].events & (POLLIN | POLLOUT)) | POLLERR | POLLHUP;
+			} else if (c) {
+				ev &= fds[i].events | POLLERR | POLLHUP | POLLNVAL;
 			}
 			fds[i].revents = ev;
 			r += ev != 0;
 		}
-		if (r > 0 || !woke || !swapped)
+		if (!stale && (r > 0 || !woke || !swapped))
 			break;
-		/* A broken connection came back: poll again for what is left. */
+		/* A broken connection came back, or one broke under the poll:
+		 * poll again for what is left. A stale answer is not returned
+		 * even when the time is up: one more look, without waiting. */
 		if (timeout_ms >= 0) {
 			struct timespec t1;
 			clock_gettime(CLOCK_MONOTONIC, &t1);
 			long el = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
-			if (el >= timeout_ms)
+			if (el >= timeout_ms && !stale)
 				break;
-			timeout_ms -= (int)el;
+			timeout_ms = el >= timeout_ms ? 0 : timeout_ms - (int)el;
 			t0 = t1;
 		}
 	}

@@ -772,7 +772,7 @@ static inline int select_has_managed(int nfds, const fd_set *a, const fd_set *b,
 	return 0;
 }
 
-/* A waiting call must look closer only when a safe socket is not UP. */
+/* Is a safe socket not UP? (The test mode's waits go to Go only if not.) */
 static inline int conns_unready(void)
 {
 	return RADIC_UNLIKELY(__atomic_load_n(&radic_unready, __ATOMIC_RELAXED) > 0) &&
@@ -787,104 +787,34 @@ static int timespec_ms(const struct timespec *t)
 	return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
 
-static long mono_ms(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-/* What is left of a timeout that started at t0 (ms; -1 forever). */
-static int time_left(int timeout, long t0)
-{
-	if (timeout < 0)
-		return -1;
-	long left = timeout - (mono_ms() - t0);
-	return left > 0 ? (int)left : 0;
-}
-
-/* Holds (delta 1) or lets go of (-1) every safe socket in a poll set, for
- * the time its fds are in the kernel's wait (see radic_conn_hold). */
-static void hold_poll_set(const struct pollfd *fds, nfds_t n, int delta)
-{
-	for (nfds_t i = 0; i < n; i++) {
-		struct radic_conn *c = radic_is_managed(fds[i].fd) ? conn(fds[i].fd) : NULL;
-		if (c == NULL)
-			continue;
-		if (delta > 0)
-			radic_conn_hold(c);
-		else
-			radic_conn_unhold(c);
-	}
-}
-
-static void hold_select_sets(int nfds, const fd_set *rd, const fd_set *wr, const fd_set *ex,
-			     int delta)
-{
-	if (nfds > FD_SETSIZE)
-		nfds = FD_SETSIZE;
-	for (int fd = 0; fd < nfds; fd++) {
-		if (!radic_is_managed(fd) ||
-		    !((rd && FD_ISSET(fd, rd)) || (wr && FD_ISSET(fd, wr)) || (ex && FD_ISSET(fd, ex))))
-			continue;
-		struct radic_conn *c = conn(fd);
-		if (c == NULL)
-			continue;
-		if (delta > 0)
-			radic_conn_hold(c);
-		else
-			radic_conn_unhold(c);
-	}
-}
-
-/* After hold_*: is every safe socket still UP? (Read after the holds, in
- * the order radic_conn_hold needs.) */
-static inline int still_ready(void)
-{
-	return __atomic_load_n(&radic_unready, __ATOMIC_SEQ_CST) == 0 || radic_in_child;
-}
-
-/* A connection broke while the real poll waited: its answer may show the
- * old socket (shut down: "readable") or miss the new one. Answer again. */
-static int poll_again(struct pollfd *fds, nfds_t n, int timeout, long t0, const sigset_t *mask)
-{
-	int r = radic_conn_poll(fds, n, 0, mask);
-	int left = time_left(timeout, t0);
-	if (r == 0 && left != 0)
-		r = radic_conn_poll(fds, n, left, mask);
-	return r;
-}
-
 /* glibc declares poll's and ppoll's set write-only (for fortify), so GCC
  * takes our reading of it (the app filled it in) for reading garbage. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+/*
+ * A wait on a set with a safe socket is answered by radic_conn_poll (in
+ * the job: the test mode hands it to Go), whatever the connections'
+ * states: it puts a BROKEN connection's wake fd in its place, and it does
+ * not take a socket's word for an end of stream or an error that a break
+ * made (the peer's, or one of ours under the wait) for readiness. A
+ * blocking read told so would wait for ever on the resumed socket.
+ */
+static inline int conn_wait(void) { return !radic_in_child; }
+
 int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	long r;
 	if (RADIC_UNLIKELY(poll_has_managed(fds, n))) {
-		if (conns_unready())
-			return radic_conn_poll(fds, n, timeout, NULL);
-		if (radic_manage_policy != RADIC_MANAGE_JOB) {
+		if (radic_manage_policy != RADIC_MANAGE_JOB && !conns_unready()) {
 			if (go_call(RADIC_OP_poll, -1, (long)fds, (long)n, timeout, 0, 0, 0, &r))
 				return (int)r;
 			sigset_t m;
 			struct timespec ts = {timeout / 1000, (timeout % 1000) * 1000000L};
 			return REAL(ppoll)(fds, n, timeout < 0 ? NULL : &ts, without_urg(NULL, &m));
 		}
-		hold_poll_set(fds, n, 1);
-		if (!still_ready()) {
-			hold_poll_set(fds, n, -1);
+		if (conn_wait())
 			return radic_conn_poll(fds, n, timeout, NULL);
-		}
-		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
-		long t0 = timeout > 0 ? mono_ms() : 0;
-		int k = REAL(poll)(fds, n, timeout);
-		hold_poll_set(fds, n, -1);
-		if (RADIC_UNLIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) != b0) && k >= 0)
-			k = poll_again(fds, n, timeout, t0, NULL);
-		return k;
 	}
 	return REAL(poll)(fds, n, timeout);
 }
@@ -893,23 +823,11 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset
 {
 	long r;
 	if (RADIC_UNLIKELY(poll_has_managed(fds, n))) {
-		if (conns_unready())
-			return radic_conn_poll(fds, n, timespec_ms(tmo), mask);
-		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		if (radic_manage_policy != RADIC_MANAGE_JOB && !conns_unready() &&
 		    go_call(RADIC_OP_poll, -1, (long)fds, (long)n, -1, (long)tmo, (long)mask, 1, &r))
 			return (int)r;
-		hold_poll_set(fds, n, 1);
-		if (!still_ready()) {
-			hold_poll_set(fds, n, -1);
+		if (conn_wait())
 			return radic_conn_poll(fds, n, timespec_ms(tmo), mask);
-		}
-		unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
-		long t0 = mono_ms();
-		int k = REAL(ppoll)(fds, n, tmo, mask);
-		hold_poll_set(fds, n, -1);
-		if (RADIC_UNLIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) != b0) && k >= 0)
-			k = poll_again(fds, n, timespec_ms(tmo), t0, mask);
-		return k;
 	}
 	return REAL(ppoll)(fds, n, tmo, mask);
 }
@@ -957,51 +875,16 @@ static int select_as_poll(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int time
 	return count;
 }
 
-/* The real select or pselect, answered again (as a poll, from copies of
- * the sets) if a connection broke while it waited. */
-static int select_watching_breaks(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, int timeout,
-				  const struct timeval *tv, const struct timespec *tmo,
-				  const sigset_t *mask, int is_pselect)
-{
-	fd_set r0, w0, e0;
-	if (rd)
-		r0 = *rd;
-	if (wr)
-		w0 = *wr;
-	if (ex)
-		e0 = *ex;
-	hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, 1);
-	if (!still_ready()) {
-		hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, -1);
-		return select_as_poll(nfds, rd, wr, ex, timeout, mask);
-	}
-	unsigned b0 = __atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE);
-	long t0 = mono_ms();
-	int k = is_pselect ? REAL(pselect)(nfds, rd, wr, ex, tmo, mask)
-			   : REAL(select)(nfds, rd, wr, ex, (struct timeval *)tv);
-	hold_select_sets(nfds, rd ? &r0 : NULL, wr ? &w0 : NULL, ex ? &e0 : NULL, -1);
-	if (RADIC_LIKELY(__atomic_load_n(&radic_breaks, __ATOMIC_ACQUIRE) == b0) || k < 0)
-		return k;
-	if (rd)
-		*rd = r0;
-	if (wr)
-		*wr = w0;
-	if (ex)
-		*ex = e0;
-	return select_as_poll(nfds, rd, wr, ex, time_left(timeout, t0), mask);
-}
-
 int select(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *tv)
 {
 	long r;
 	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex))) {
 		int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
-		if (conns_unready())
-			return select_as_poll(nfds, rd, wr, ex, ms, NULL);
-		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		if (radic_manage_policy != RADIC_MANAGE_JOB && !conns_unready() &&
 		    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tv, 0, &r))
 			return (int)r;
-		return select_watching_breaks(nfds, rd, wr, ex, ms, tv, NULL, NULL, 0);
+		if (conn_wait())
+			return select_as_poll(nfds, rd, wr, ex, ms, NULL);
 	}
 	return REAL(select)(nfds, rd, wr, ex, tv);
 }
@@ -1011,13 +894,12 @@ int pselect(int nfds, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec 
 {
 	long r;
 	if (RADIC_UNLIKELY(select_has_managed(nfds, rd, wr, ex))) {
-		if (conns_unready())
-			return select_as_poll(nfds, rd, wr, ex, timespec_ms(tmo), mask);
-		if (radic_manage_policy != RADIC_MANAGE_JOB &&
+		if (radic_manage_policy != RADIC_MANAGE_JOB && !conns_unready() &&
 		    go_call(RADIC_OP_select, -1, nfds, (long)rd, (long)wr, (long)ex, (long)tmo,
 			    (long)mask, &r))
 			return (int)r;
-		return select_watching_breaks(nfds, rd, wr, ex, timespec_ms(tmo), NULL, tmo, mask, 1);
+		if (conn_wait())
+			return select_as_poll(nfds, rd, wr, ex, timespec_ms(tmo), mask);
 	}
 	return REAL(pselect)(nfds, rd, wr, ex, tmo, mask);
 }

@@ -747,7 +747,26 @@ func (c *tc) dumpStall(jb cluster.Job) {
 			}
 		}
 		c.t.Logf("rank %d (pid %d) threads and fds:\n%s", r.Rank, r.Proc.Pid, b.String())
+		c.t.Logf("rank %d (pid %d) stacks:\n%s", r.Rank, r.Proc.Pid, stacks(r.Proc.Pid))
 	}
+}
+
+// stacks is every thread's stack of process pid, from gdb when there is
+// one: the system call a thread is in does not say who made it (a
+// blocking read of the app's, a wait of the shim's, a Go runtime thread).
+func stacks(pid int) string {
+	gdb, err := exec.LookPath("gdb")
+	if err != nil {
+		return "(no gdb)"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, gdb, "-batch", "-nx", "-p", strconv.Itoa(pid),
+		"-ex", "thread apply all bt 25").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("gdb: %v\n%s", err, out)
+	}
+	return string(out)
 }
 
 // pollSet decodes the fd set of a thread blocked in poll or ppoll (x86-64
