@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -155,7 +154,7 @@ wait:
 			}
 		case <-timer.C:
 			r.timedOut = true
-			r.stacks = treeStacks(cmd.Process.Pid)
+			r.stacks = testenv.TreeStacks(cmd.Process.Pid, 20)
 			for _, n := range c.state().Nodes {
 				if n.Netns != "" {
 					ss, _ := exec.Command("nsenter", "--net=/run/netns/"+n.Netns, "ss", "-tnpi").CombinedOutput()
@@ -208,52 +207,6 @@ func (c *tc) killJobs() {
 func populated(cg string) bool {
 	b, _ := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
 	return len(bytes.TrimSpace(b)) > 0
-}
-
-// treeStacks takes the backtraces of every thread of process pid and all
-// its descendants (gdb, attached for a moment): a run that hangs says
-// where. Empty without gdb.
-func treeStacks(pid int) map[string]string {
-	out := map[string]string{}
-	gdb, err := exec.LookPath("gdb")
-	if err != nil {
-		return out
-	}
-	type proc struct{ comm, ppid string }
-	procs := map[string]proc{}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if open < 0 || close < open {
-			continue
-		}
-		if f := strings.Fields(string(b[close+1:])); len(f) >= 2 {
-			procs[strings.TrimSpace(string(b[:open]))] = proc{string(b[open+1 : close]), f[1]}
-		}
-	}
-	tree := map[string]bool{strconv.Itoa(pid): true}
-	for grew := true; grew; {
-		grew = false
-		for p, pr := range procs {
-			if !tree[p] && tree[pr.ppid] {
-				tree[p], grew = true, true
-			}
-		}
-	}
-	for p := range tree {
-		if len(out) == 20 {
-			break
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		bt, _ := exec.CommandContext(ctx, gdb, "-batch", "-nx", "-p", p, "-ex", "thread apply all bt").CombinedOutput()
-		cancel()
-		out[fmt.Sprintf("%s[%s]", procs[p].comm, p)] = string(bt)
-	}
-	return out
 }
 
 // ucxFinalizeHangWhat: MPICH 4.0.2 on UCX 1.13.1 over TCP hangs in

@@ -12,13 +12,11 @@ package shim_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -127,7 +125,7 @@ func run(t testing.TB, timeout time.Duration, env []string, argv ...string) resu
 			timer.Stop()
 		case <-timer.C:
 			r.timedOut = true
-			r.stacks = treeStacks(cmd.Process.Pid)
+			r.stacks = testenv.TreeStacks(cmd.Process.Pid, 16)
 			// Where the bytes are: queued at a receiver, a sender, or nowhere.
 			if ss, serr := exec.Command("ss", "-tnpi").CombinedOutput(); serr == nil {
 				r.stacks["(sockets: ss -tnpi)"] = string(ss)
@@ -220,54 +218,6 @@ func checkSame(t *testing.T, bare, pre result) {
 
 // execLookPath is exec.LookPath, named for the benchmark's skip check.
 var execLookPath = exec.LookPath
-
-// treeStacks takes the backtraces of every thread of process pid and all
-// its descendants (gdb, attached for a moment), so that a run that hangs
-// says where. (Descendants, not the process group: MPI launchers put their
-// proxies in groups of their own.) Empty without gdb.
-func treeStacks(pid int) map[string]string {
-	gdb, err := exec.LookPath("gdb")
-	if err != nil {
-		return map[string]string{}
-	}
-	type proc struct{ comm, ppid string }
-	procs := map[string]proc{}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...; comm may hold spaces and parens.
-		open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if open < 0 || close < open {
-			continue
-		}
-		if f := strings.Fields(string(b[close+1:])); len(f) >= 2 {
-			procs[strings.TrimSpace(string(b[:open]))] = proc{string(b[open+1 : close]), f[1]}
-		}
-	}
-	tree := map[string]bool{strconv.Itoa(pid): true}
-	for grew := true; grew; {
-		grew = false
-		for p, pr := range procs {
-			if !tree[p] && tree[pr.ppid] {
-				tree[p], grew = true, true
-			}
-		}
-	}
-	out := map[string]string{}
-	for p := range tree {
-		if len(out) == 16 {
-			break
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		bt, _ := exec.CommandContext(ctx, gdb, "-batch", "-nx", "-p", p, "-ex", "thread apply all bt").CombinedOutput()
-		cancel()
-		out[fmt.Sprintf("%s[%s]", procs[p].comm, p)] = string(bt)
-	}
-	return out
-}
 
 // TestRunBacktracesATimeout: a run that times out comes back with the
 // backtraces of its process tree, taken before it was killed (the MPI
