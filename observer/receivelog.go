@@ -34,8 +34,11 @@ var ErrReceiveLog = errors.New("observer: inconsistent receive log")
 // relies on: every stream starts at 0 and is contiguous, every
 // determinant decodes, and the counts of each connection's receives sum to
 // no more than its logged bytes (bytes beyond them arrived in a receive
-// that had not returned). Determinants of other kinds are refused: this
-// replay knows receives only.
+// that had not returned). A connect or accept determinant names a
+// connection of the earlier run even when nothing was received on it (the
+// peer holds it: the restarted process resumes it rather than open another).
+// Determinants of other kinds are refused: this replay knows receives and
+// connections only.
 func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 	fail := func(format string, args ...any) (*ReceiveLog, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
@@ -82,8 +85,15 @@ func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 		if err != nil {
 			return fail("determinant at offset %d: %v", off, err)
 		}
+		if d.Kind == KindConnect || d.Kind == KindAccept {
+			if d.Errno == 0 {
+				get(d.Conn)
+			}
+			off += n
+			continue
+		}
 		if d.Kind != KindRecv {
-			return fail("determinant at offset %d: %v (only receives are replayed)", off, &d)
+			return fail("determinant at offset %d: %v (only receives and connections are replayed)", off, &d)
 		}
 		c := get(d.Conn)
 		switch {

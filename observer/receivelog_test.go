@@ -2,6 +2,7 @@ package observer
 
 import (
 	"errors"
+	"net/netip"
 	"syscall"
 	"testing"
 
@@ -46,6 +47,28 @@ func TestSplitReceives(t *testing.T) {
 		c1: {Data: []byte("abcdefg"), Results: []int64{3, 2, 0}},
 		c2: {Data: []byte("z"), Results: []int64{-int64(syscall.EAGAIN), 1}},
 	}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("SplitReceives (-want +got):\n%s", diff)
+	}
+}
+
+// A connection the earlier run made or accepted is in the log even if
+// nothing was received on it: its peer holds it, and the restarted process
+// must resume it (TestReplayDivergence: rank 1 killed after its connect,
+// before its first receive, opened a second connection 1:0 that its peer
+// never took).
+func TestSplitReceivesConnections(t *testing.T) {
+	const c1, c2 = 1<<32 | 0, 2<<32 | 3
+	d := dets(t,
+		Determinant{Kind: KindConnect, Conn: c1, Peer: netip.MustParseAddrPort("10.1.0.1:20100")},
+		Determinant{Kind: KindAccept, Conn: c2, Port: 20200},
+		Determinant{Kind: KindConnect, Conn: 9, Errno: syscall.ECONNREFUSED},
+	)
+	got, err := SplitReceives([]msgrec.Record{{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Payload: d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &ReceiveLog{DetLen: uint64(len(d)), Conns: map[uint64]*ConnReceives{c1: {}, c2: {}}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("SplitReceives (-want +got):\n%s", diff)
 	}

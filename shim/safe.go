@@ -3,6 +3,7 @@ package main
 /*
 #include "shim.h"
 #include "conn.h"
+#include "logring.h"
 #include "sockio.h"
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,6 +26,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/radic-project/radic/observer/logring"
 	"github.com/radic-project/radic/shim/wire"
 )
 
@@ -277,6 +279,11 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		self = local.Addr()
 	}
 	laddr := netip.AddrPortFrom(self, local.Port())
+	// The connection is a determinant, stable before the peer can hear
+	// of it: the peer keeps it until the end of the job, so a restarted
+	// process must know to resume it, not open another under its id,
+	// even if it died before anything was received on it.
+	C.radic_log_conn(C.RADIC_LOG_CONNECT, C.uint64_t(id), C.uint64_t(logring.PackPeer(peer)), 1)
 	hello := wire.Hello{Job: s.jobHash, ID: id, From: laddr, CtlPort: s.ctlPort}.Bytes()
 	if e := C.radic_sock_write_full(C.int(fd), unsafe.Pointer(&hello[0]), wire.HelloLen, 5000); e < 0 {
 		return -1, int(syscall.ECONNRESET), true
@@ -619,8 +626,13 @@ func (s *safeSockets) newConn(fd int, id uint64, initiator bool, laddr, paddr ne
 		fds: []int{fd}, kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
 		end: math.MaxUint64}
 	c.lastHeard.Store(time.Now().UnixNano())
-	if s.replay.logged(id) {
+	switch {
+	case s.replay.logged(id):
 		s.replay.attach(c)
+	case !initiator:
+		// Accepted: a determinant too (the connect's is logged before its
+		// hello). Not held: the app's first send on it holds the log.
+		C.radic_log_conn(C.RADIC_LOG_ACCEPT, C.uint64_t(id), C.uint64_t(laddr.Port()), 0)
 	}
 	s.monitoring.Do(func() { go s.monitor() })
 	s.mu.Lock()

@@ -645,6 +645,15 @@ type logWriter struct {
 	kick   chan struct{}
 	qbytes atomic.Int64
 
+	// taken counts the frames read (and so perhaps acknowledged: with
+	// --log-stable memory a frame is stable before it is stored);
+	// stored, those the store holds. settle waits for the one to reach
+	// the other.
+	taken   atomic.Uint64
+	stored  atomic.Uint64
+	smu     sync.Mutex
+	storedC chan struct{} // closed (and replaced) when stored moves
+
 	mu sync.Mutex
 	// +checklocks:mu
 	conn *replConn // the node's current connection
@@ -710,6 +719,64 @@ func (d *Daemon) logWriterFor(id heartbeat.NodeID) (*logWriter, error) {
 	d.writers[id] = w
 	go d.routineLogWriter(w)
 	return w, nil
+}
+
+// storedMore counts n more frames stored and wakes settle's waiters.
+func (w *logWriter) storedMore(n uint64) {
+	w.smu.Lock()
+	w.stored.Add(n)
+	if w.storedC != nil {
+		close(w.storedC)
+		w.storedC = nil
+	}
+	w.smu.Unlock()
+}
+
+// settle waits (up to max) until the store holds every frame read so far.
+// A reader of the store that must see everything acknowledged calls it
+// first: with --log-stable memory the node's ring counts a batch stable
+// (and, its process dead, its ring routine ends, and a replay begins) as
+// soon as the protector has it in memory, while the batch may still wait
+// for the writer (logWriteDelay). A replay that listed and read the
+// streams meanwhile saw a cut between them: a connection's bytes read
+// before the writer stored a batch, the determinant stream after it
+// (CI: "receives returned 2203566 bytes, 2203545 are logged").
+func (w *logWriter) settle(ctx context.Context, max time.Duration) error {
+	target := w.taken.Load()
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	for {
+		w.smu.Lock()
+		if w.stored.Load() >= target {
+			w.smu.Unlock()
+			return nil
+		}
+		if w.storedC == nil {
+			w.storedC = make(chan struct{})
+		}
+		ch := w.storedC
+		w.smu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("the store of node %d's log has not taken %d received batches within %v", w.id, target-w.stored.Load(), max)
+		}
+	}
+}
+
+// settleLog makes the store of node id's log hold everything this
+// protector has acknowledged (see logWriter.settle); a node never
+// protected here has nothing to wait for.
+func (d *Daemon) settleLog(ctx context.Context, id heartbeat.NodeID) error {
+	d.writersMu.Lock()
+	w := d.writers[id]
+	d.writersMu.Unlock()
+	if w == nil {
+		return nil
+	}
+	return w.settle(ctx, 30*time.Second)
 }
 
 // handleReplicaStream takes node=ID's replication stream (an HTTP upgrade).
@@ -787,6 +854,7 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 		// the process's hold path, the write is not. Only when nothing
 		// more is already waiting to be read: the next frame's ack
 		// covers this one.
+		lw.taken.Add(1) // before the ack: a reader that trusts it settles
 		rc.recv.Store(seq)
 		if ackRecv && br.Buffered() < replHdrLen {
 			if err := rc.sendAck(); err != nil {
@@ -885,6 +953,7 @@ func (d *Daemon) routineLogWriter(w *logWriter) {
 			d.storeFrame(ctx, log, w, f)
 			w.qbytes.Add(-int64(f.size))
 		}
+		w.storedMore(uint64(len(batch)))
 		if d.cfg.StoreSync == msglog.SyncAlways {
 			for {
 				err := w.st.Sync()

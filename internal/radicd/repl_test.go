@@ -3,6 +3,7 @@ package radicd
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,5 +220,56 @@ func TestReplStreamStoreFull(t *testing.T) {
 				t.Fatalf("wait = %v, want the protector's \"store full (507)\" while it retries", err)
 			}
 		})
+	}
+}
+
+// With --log-stable memory a batch is stable once the protector has read
+// it, before its writer stores it; a listing of the store (what a replay
+// or a re-protection reads up to) must still cover every stable batch. A
+// replay that read a connection's bytes before the writer's last batch
+// and the determinants after it saw more received than logged (CI).
+func TestReplListingCoversStable(t *testing.T) {
+	p := newReplPair(t, StableMemory)
+	ctx := context.Background()
+	var end uint64
+	for i := range 20 {
+		payload := bytes.Repeat([]byte{byte('a' + i)}, 64+i)
+		if err := p.rp.submit(ctx, dataBody(9, end, payload), shipHooks{}).wait(ctx); err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		end += uint64(len(payload))
+		req := httptest.NewRequest("GET", "/v1/replica/streams?node=1", nil)
+		rec := httptest.NewRecorder()
+		p.prot.handleReplicaStreams(rec, req)
+		var list []msglog.StreamInfo
+		if err := json.NewDecoder(rec.Body).Decode(&list); err != nil {
+			t.Fatalf("batch %d: listing: %v (%d)", i, err, rec.Code)
+		}
+		if len(list) != 1 || list[0].End != end {
+			t.Fatalf("batch %d is stable, but the protector lists %+v; want stream 5 of owner 9 ending at %d", i, list, end)
+		}
+	}
+}
+
+// settle returns once the writer stored what was taken before the call,
+// and says how many batches are missing when it gives up.
+func TestLogWriterSettle(t *testing.T) {
+	w := &logWriter{id: 3}
+	w.taken.Add(2)
+	done := make(chan error, 1)
+	go func() { done <- w.settle(context.Background(), time.Minute) }()
+	w.storedMore(1)
+	select {
+	case err := <-done:
+		t.Fatalf("settle returned %v with a batch still unstored", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	w.storedMore(1)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.taken.Add(1)
+	if err := w.settle(context.Background(), time.Millisecond); err == nil || !strings.Contains(err.Error(), "1 received batches") {
+		t.Fatalf("settle with a batch never stored = %v; want the count named", err)
 	}
 }

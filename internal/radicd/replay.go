@@ -86,6 +86,9 @@ func (d *Daemon) fetchLog(ctx context.Context, from, group int, owner uint64) ([
 		return d.readReplica(ctx, from, group, owner, stream)
 	}
 	if from == d.cfg.Node {
+		if err := d.settleLog(ctx, heartbeat.NodeID(group)); err != nil {
+			return nil, 0, err
+		}
 		st := d.stores.lookup(heartbeat.NodeID(group))
 		if st == nil {
 			return nil, 0, nil // nothing was ever logged for the group here

@@ -199,6 +199,12 @@ func (d *Daemon) handleReplicaStreams(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	// The listing covers every batch acknowledged: its readers (a replay,
+	// a re-protection) read the streams it names up to their ends.
+	if err := d.settleLog(r.Context(), id); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
 	var out []msglog.StreamInfo
 	if st := d.stores.lookup(id); st != nil {
 		for _, o := range st.Owners() {

@@ -170,6 +170,10 @@ func (c *Converter) plan(recs []Record) ([]planRec, map[uint64]*connLog, error) 
 		}
 		var d observer.Determinant
 		switch r.Type {
+		case TypeConnect:
+			d = observer.Determinant{Kind: observer.KindConnect, Conn: r.Conn, Peer: UnpackPeer(r.Offset)}
+		case TypeAccept:
+			d = observer.Determinant{Kind: observer.KindAccept, Conn: r.Conn, Port: uint16(r.Offset)}
 		case TypeData:
 			cl.pending += uint64(len(r.Payload))
 			continue

@@ -51,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 )
 
 // Specification constants: the layout shared with shim/c/logring.h.
@@ -89,7 +90,33 @@ const (
 	TypeData     Type = 1
 	TypeRecv     Type = 2
 	TypeRecvData Type = 3
+	// TypeConnect: the process made managed connection Conn, to the
+	// logical peer Offset = IPv4 << 16 | port ([PackPeer]).
+	TypeConnect Type = 4
+	// TypeAccept: the process accepted connection Conn on logical port
+	// Offset.
+	TypeAccept Type = 5
 )
+
+// PackPeer is a TypeConnect record's Offset for peer; 0 (none) unless
+// it is IPv4, as the cluster's logical addresses are.
+func PackPeer(peer netip.AddrPort) uint64 {
+	if !peer.Addr().Is4() {
+		return 0
+	}
+	a := peer.Addr().As4()
+	return uint64(binary.BigEndian.Uint32(a[:]))<<16 | uint64(peer.Port())
+}
+
+// UnpackPeer inverts PackPeer.
+func UnpackPeer(v uint64) netip.AddrPort {
+	if v == 0 {
+		return netip.AddrPort{}
+	}
+	var a [4]byte
+	binary.BigEndian.PutUint32(a[:], uint32(v>>16))
+	return netip.AddrPortFrom(netip.AddrFrom4(a), uint16(v))
+}
 
 func (t Type) String() string {
 	switch t {
@@ -99,6 +126,10 @@ func (t Type) String() string {
 		return "recv"
 	case TypeRecvData:
 		return "recv+data"
+	case TypeConnect:
+		return "connect"
+	case TypeAccept:
+		return "accept"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -184,6 +215,15 @@ func Decode(b []byte) (Record, int, error) {
 	case TypeRecvData:
 		if plen == 0 || int64(r.Result) != int64(plen) {
 			return bad("result", int64(r.Result))
+		}
+	case TypeConnect, TypeAccept:
+		switch {
+		case plen != 0:
+			return bad("len", int64(n))
+		case r.Result != 0:
+			return bad("result", int64(r.Result))
+		case r.Type == TypeConnect && r.Offset>>48 != 0, r.Type == TypeAccept && r.Offset>>16 != 0:
+			return bad("offset", int64(r.Offset))
 		}
 	default:
 		return bad("type", int64(r.Type))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/netip"
 	"syscall"
 	"testing"
 
@@ -70,6 +71,40 @@ func TestConvert(t *testing.T) {
 	}
 	if got, want := c.DetOffset(), 40+uint64(len(want[2].Payload)); got != want {
 		t.Errorf("DetOffset() = %d, want %d", got, want)
+	}
+}
+
+// A connection made or accepted is a determinant of its own, in ring
+// order with the receives; its peer and port survive the packing.
+func TestConvertConnections(t *testing.T) {
+	const owner = 3
+	peer := netip.MustParseAddrPort("10.7.0.2:20100")
+	ring := enc(
+		Record{Type: TypeConnect, Conn: 1<<32 | 0, Offset: PackPeer(peer)},
+		Record{Type: TypeAccept, Conn: 2<<32 | 4, Offset: 20200},
+		Record{Type: TypeRecvData, Result: 2, Conn: 2<<32 | 4, Offset: 0, Payload: []byte("hi")},
+	)
+	recs, err := DecodeAll(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := NewConverter(owner, 0).Convert(nil, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []msglog.Record{
+		{Kind: msglog.KindData, Owner: owner, Stream: 2<<32 | 4, Offset: 0, Payload: []byte("hi")},
+		{Kind: msglog.KindDeterminant, Owner: owner, Stream: observer.DeterminantStream, Offset: 0, Payload: dets(t,
+			observer.Determinant{Kind: observer.KindConnect, Conn: 1<<32 | 0, Peer: peer},
+			observer.Determinant{Kind: observer.KindAccept, Conn: 2<<32 | 4, Port: 20200},
+			observer.Determinant{Kind: observer.KindRecv, Conn: 2<<32 | 4, N: 2},
+		)},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Convert (-want +got):\n%s", d)
+	}
+	if got := UnpackPeer(PackPeer(netip.MustParseAddrPort("[::1]:5"))); got.IsValid() {
+		t.Errorf("an IPv6 peer packs to %v; want none", got)
 	}
 }
 

@@ -201,6 +201,15 @@ uint64_t radic_log_result(uint64_t conn, long result, uint64_t recvd)
 	return append(RADIC_LOG_RECV, (int32_t)result, conn, recvd, NULL, 0, 0, 0);
 }
 
+void radic_log_conn(int type, uint64_t conn, uint64_t arg, int hold)
+{
+	if (radic_logring == NULL)
+		return;
+	append(type, 0, conn, arg, NULL, 0, 0, 0);
+	if (hold)
+		radic_log_hold();
+}
+
 /* Makes the ring file and maps it; the fd is closed at once (the mapping
  * is all the process keeps, so no fd of ours can be closed under us).
  * NULL with errno on failure. */

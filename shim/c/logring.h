@@ -27,7 +27,13 @@
 #define RADIC_LOG_HDR 4096
 #define RADIC_LOG_REC_HDR 32
 
-enum { RADIC_LOG_DATA = 1, RADIC_LOG_RECV = 2, RADIC_LOG_RECV_DATA = 3 };
+enum {
+	RADIC_LOG_DATA = 1,
+	RADIC_LOG_RECV = 2,
+	RADIC_LOG_RECV_DATA = 3,
+	RADIC_LOG_CONNECT = 4, /* offset: the logical peer, ip4 << 16 | port */
+	RADIC_LOG_ACCEPT = 5,  /* offset: the logical port accepted on */
+};
 
 struct radic_log_hdr {
 	uint32_t magic, version;
@@ -75,6 +81,11 @@ uint64_t radic_log_data(uint64_t conn, const struct iovec *v, size_t n, size_t s
 /* Appends a receive's result (count, 0 end of stream, or -errno); recvd is
  * the connection's delivered count after the call. */
 uint64_t radic_log_result(uint64_t conn, long result, uint64_t recvd);
+
+/* Appends that managed connection conn was made (RADIC_LOG_CONNECT) or
+ * accepted (RADIC_LOG_ACCEPT); arg as the enum says. hold: return only
+ * once it is stable. A no-op with recovery off. */
+void radic_log_conn(int type, uint64_t conn, uint64_t arg, int hold);
 
 /* Waits until everything appended so far is stable (slow path out of line). */
 void radic_log_hold_slow(uint64_t head);

@@ -5,7 +5,10 @@
  * replays its log regenerates other bytes than its peer received: radic
  * must stop the job with a divergence error, never let it go on.
  *
- *   urandom [BLOCKS]      (default 64)
+ *   urandom [BLOCKS [FIRST_ACK_MS]]     (default 64 blocks, no delay)
+ *
+ * FIRST_ACK_MS: rank 0 waits this long before its first answer, so that
+ * rank 1 can be killed for certain before it has received anything.
  *
  * Output: rank 0 prints "urandom: rank 0 received N blocks, fnv HEX";
  * rank 1 "urandom: rank 1 sent N blocks". */
@@ -23,6 +26,7 @@ int main(int argc, char **argv)
 	struct job j;
 	job_init(&j, "urandom");
 	int blocks = argc > 1 ? atoi(argv[1]) : 64;
+	int first_ack_ms = argc > 2 ? atoi(argv[2]) : 0;
 	if (j.size != 2 || blocks <= 0)
 		die("want 2 ranks and a positive block count");
 	static unsigned char buf[BLOCK];
@@ -34,6 +38,8 @@ int main(int argc, char **argv)
 		for (uint32_t i = 0; i < (uint32_t)blocks; i++) {
 			read_full(fd, buf, BLOCK, "block");
 			h = fnv1a(h, buf, BLOCK);
+			if (i == 0 && first_ack_ms > 0)
+				usleep((useconds_t)first_ack_ms * 1000);
 			write_full(fd, &i, sizeof i, "ack");
 		}
 		printf("urandom: rank 0 received %d blocks, fnv %016llx\n", blocks, (unsigned long long)h);

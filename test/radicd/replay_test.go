@@ -254,25 +254,42 @@ func TestReplayPessimism(t *testing.T) {
 // naming the process, the connection and the offset, instead of going on
 // with another history.
 func TestReplayDivergence(t *testing.T) {
-	c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
-	c.dumpReplayLogs()
-	base := c.logBytes(1)
-	out, wait := c.startJob("--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
-		testenv.Artifact(t, "build/apps/urandom"))
-	clustertest.WaitRanks(t, c.dir, 2)
-	c.waitLogged(1, base, 40) // ten blocks acknowledged
-	if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
-		t.Fatalf("kill-rank 1: %v\n%s", err, o)
-	}
-	code := waitJob(t, wait)
-	// radic run names the divergence exit; the rank's line (on its
-	// stderr, which radic run may stop forwarding first, and in its
-	// shim's log file) names the connection and the offset.
-	if code != 86 || !strings.Contains(out.String(), "rank 1 (node 1, pid ") || !strings.Contains(out.String(), "the divergence exit") {
-		t.Fatalf("status %d; want 86 and the divergence exit named:\n%s", code, out.String())
-	}
-	re := regexp.MustCompile(`DIVERGENCE: process 1, connection 1:0: the regenerated stream differs at offset \d+`)
-	if _, log := c.replayed(1); !re.MatchString(log) {
-		t.Errorf("no DIVERGENCE line naming the connection and offset in the restarted rank's log:\n%s", log)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		logged float64 // bytes of rank 0's log before the kill
+	}{
+		{"mid-stream", nil, 10 << 16}, // ten blocks: rank 1 has answers in its log
+		// Rank 0 answers the first block only after 2 s: rank 1 dies
+		// having received nothing, so its log holds only its connect.
+		// The restarted rank must resume that connection, which rank 0
+		// holds, not open a second one under the same id (it did, and
+		// both ranks waited a minute for each other).
+		{"before-first-receive", []string{"64", "2000"}, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+			c.dumpReplayLogs()
+			base := c.logBytes(1)
+			args := append([]string{"--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+				testenv.Artifact(t, "build/apps/urandom")}, tc.args...)
+			out, wait := c.startJob(args...)
+			clustertest.WaitRanks(t, c.dir, 2)
+			c.waitLogged(1, base, tc.logged)
+			if o, err := c.radic("fault", "kill-rank", "1"); err != nil {
+				t.Fatalf("kill-rank 1: %v\n%s", err, o)
+			}
+			code := waitJob(t, wait)
+			// radic run names the divergence exit; the rank's line (on its
+			// stderr, which radic run may stop forwarding first, and in its
+			// shim's log file) names the connection and the offset.
+			if code != 86 || !strings.Contains(out.String(), "rank 1 (node 1, pid ") || !strings.Contains(out.String(), "the divergence exit") {
+				t.Fatalf("status %d; want 86 and the divergence exit named:\n%s", code, out.String())
+			}
+			re := regexp.MustCompile(`DIVERGENCE: process 1, connection 1:0: the regenerated stream differs at offset \d+`)
+			if _, log := c.replayed(1); !re.MatchString(log) {
+				t.Errorf("no DIVERGENCE line naming the connection and offset in the restarted rank's log:\n%s", log)
+			}
+		})
 	}
 }
