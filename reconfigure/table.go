@@ -17,13 +17,17 @@ type Node struct {
 }
 
 // Listener is a radic listener of a job: a socket of a managed process
-// listening on Port of Node's addresses.
+// listening on Port of Node's addresses. Node is the process's logical
+// node; once recovery restarted it on another node (Moved), it listens
+// on Host's addresses, and its logical address leads there.
 type Listener struct {
 	Job     string
 	Node    int
 	Port    uint16
 	LPID    string // logical process id of the listening process
 	CtlPort uint16 // port of that process's control (resume) listener
+	Moved   bool   // the process runs on Host, not on Node
+	Host    int    // with Moved: the node it runs on
 }
 
 // Location answers [Table.Locate].
@@ -31,9 +35,13 @@ type Location struct {
 	Managed bool           // (job, node, port) is a registered radic listener
 	Node    int            // the node the address belongs to
 	LPID    string         // the listener's process (Managed only)
-	Addr    netip.AddrPort // the node's current address : the port asked for
-	Ctl     netip.AddrPort // the node's current address : CtlPort (Managed or Closed)
+	Addr    netip.AddrPort // where the listener is now (the node's current address, or its host's) : the port asked for
+	Ctl     netip.AddrPort // the same address : CtlPort (Managed or Closed)
 	Gen     uint64         // the node's generation
+	// Moved: the listener's process was restarted on node Host, whose
+	// address Addr and Ctl are (the node's own may be gone for good).
+	Moved bool
+	Host  int
 	// Closed: not a listener now, but it was one, and LPID and Ctl name
 	// the process that last listened there. A restarted process that
 	// replays its connect to a listener its peer has since closed resumes
@@ -236,6 +244,9 @@ func (t *Table) Register(l Listener) (changed bool, err error) {
 	if _, ok := t.nodes[l.Node]; !ok {
 		return false, fmt.Errorf("%w: %d", ErrUnknownNode, l.Node)
 	}
+	if _, ok := t.nodes[l.Host]; l.Moved && !ok {
+		return false, fmt.Errorf("%w: host %d", ErrUnknownNode, l.Host)
+	}
 	k := listenerKey{l.Job, l.Node, l.Port}
 	if old, ok := t.listeners[k]; ok && old == l {
 		return false, nil
@@ -313,14 +324,22 @@ func (t *Table) Locate(job string, addr netip.AddrPort) (loc Location, found boo
 		return Location{}, false
 	}
 	loc = Location{Node: e.ID, Addr: netip.AddrPortFrom(e.Addr, addr.Port()), Gen: e.Gen}
-	if l, ok := t.listeners[listenerKey{job, e.ID, addr.Port()}]; ok {
+	k := listenerKey{job, e.ID, addr.Port()}
+	l, ok := t.listeners[k]
+	if ok {
 		loc.Managed = true
-		loc.LPID = l.LPID
-		loc.Ctl = netip.AddrPortFrom(e.Addr, l.CtlPort)
-	} else if l, ok := t.closed[listenerKey{job, e.ID, addr.Port()}]; ok {
+	} else if l, ok = t.closed[k]; ok {
 		loc.Closed = true
-		loc.LPID = l.LPID
-		loc.Ctl = netip.AddrPortFrom(e.Addr, l.CtlPort)
+	} else {
+		return loc, true
 	}
+	at := e.Addr
+	if h, ok := t.nodes[l.Host]; l.Moved && ok {
+		at = h.Addr
+		loc.Moved, loc.Host = true, l.Host
+		loc.Addr = netip.AddrPortFrom(at, addr.Port())
+	}
+	loc.LPID = l.LPID
+	loc.Ctl = netip.AddrPortFrom(at, l.CtlPort)
 	return loc, true
 }

@@ -377,3 +377,41 @@ func TestLocateClosed(t *testing.T) {
 		t.Errorf("Locate after a new Register = %+v", loc)
 	}
 }
+
+// A rank restarted on another node keeps its logical address: its
+// listener is registered by the new node's daemon under the rank's own
+// node, and the location leads to the new node (the old one is dead),
+// before and after the listener is closed; a move of the dead node's
+// address changes nothing about it.
+func TestLocateMovedListener(t *testing.T) {
+	tb := cluster3(t)
+	n := 0
+	req := ListenerRequest{Job: "j", Port: 20000, LPID: "0", CtlPort: 42000, Node: &n}
+	if l := req.Listener(2); !l.Moved || l.Node != 0 || l.Host != 2 {
+		t.Fatalf("Listener(2) of a request for node 0 = %+v; want node 0 moved to host 2", l)
+	}
+	if l := req.Listener(0); l.Moved || l.Node != 0 {
+		t.Fatalf("Listener(0) of a request for node 0 = %+v; want node 0, not moved", l)
+	}
+	if _, err := tb.Register(req.Listener(2)); err != nil {
+		t.Fatal(err)
+	}
+	want := Location{Managed: true, Node: 0, LPID: "0", Addr: ipp("10.77.0.3:20000"), Ctl: ipp("10.77.0.3:42000"), Moved: true, Host: 2}
+	if got, _ := tb.Locate("j", ipp("10.77.0.1:20000")); got != want {
+		t.Errorf("Locate of the moved listener = %+v\nwant %+v", got, want)
+	}
+	rep := want.Reply()
+	if back, err := rep.Location(); err != nil || back != want {
+		t.Errorf("its reply %+v parses back to %+v, %v", rep, back, err)
+	}
+	if !tb.Unregister("j", req.LogicalNode(2), 20000, "0") {
+		t.Fatal("Unregister of the moved listener changed nothing")
+	}
+	got, _ := tb.Locate("j", ipp("10.77.0.1:20000"))
+	if !got.Closed || got.Ctl != ipp("10.77.0.3:42000") || !got.Moved {
+		t.Errorf("Locate of the closed moved listener = %+v; want it closed, its control port on host 2", got)
+	}
+	if _, err := tb.Register(Listener{Job: "j", Node: 0, Port: 1, LPID: "0", CtlPort: 1, Moved: true, Host: 9}); err == nil {
+		t.Error("a listener moved to an unknown host was registered")
+	}
+}

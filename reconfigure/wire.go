@@ -84,6 +84,10 @@ type ListenerRequest struct {
 	Port    uint16 `json:"port"`
 	LPID    string `json:"lpid"`
 	CtlPort uint16 `json:"ctl_port"`
+	// Node is the process's logical node, when it is not the node whose
+	// daemon registers it: a rank that recovery restarted on another node
+	// keeps listening on its logical node's addresses.
+	Node *int `json:"node,omitempty"`
 }
 
 // Check validates a registration (all fields required) or, with
@@ -105,9 +109,23 @@ func (r ListenerRequest) Check(unregister bool) error {
 	return nil
 }
 
-// Listener is the registration as a table entry of node.
-func (r ListenerRequest) Listener(node int) Listener {
-	return Listener{Job: r.Job, Node: node, Port: r.Port, LPID: r.LPID, CtlPort: r.CtlPort}
+// Listener is the registration as a table entry, made by (or pushed from)
+// the daemon of node host.
+func (r ListenerRequest) Listener(host int) Listener {
+	l := Listener{Job: r.Job, Node: host, Port: r.Port, LPID: r.LPID, CtlPort: r.CtlPort}
+	if r.Node != nil && *r.Node != host {
+		l.Node, l.Moved, l.Host = *r.Node, true, host
+	}
+	return l
+}
+
+// LogicalNode is the node whose listener the request names: its Node, or
+// host's.
+func (r ListenerRequest) LogicalNode(host int) int {
+	if r.Node != nil {
+		return *r.Node
+	}
+	return host
 }
 
 // LocateReply is the body of GET /v1/locate. When Managed is false it is
@@ -122,6 +140,10 @@ type LocateReply struct {
 	// Closed (with Managed false): a listener no more; LPID and Ctl name
 	// the process that last listened there (Location.Closed).
 	Closed bool `json:"closed,omitempty"`
+	// Host (with Moved): the node the listener's process runs on now, whose
+	// address Addr and Ctl are (Location.Moved).
+	Moved bool `json:"moved,omitempty"`
+	Host  int  `json:"host,omitempty"`
 }
 
 // MarshalJSON encodes an unmanaged answer as {"managed":false}.
@@ -136,12 +158,12 @@ func (r LocateReply) MarshalJSON() ([]byte, error) {
 // Reply converts a Location to its wire form.
 func (l Location) Reply() LocateReply {
 	if l.Closed && !l.Managed {
-		return LocateReply{Closed: true, Node: l.Node, LPID: l.LPID, Addr: l.Addr.String(), Ctl: l.Ctl.String(), Gen: l.Gen}
+		return LocateReply{Closed: true, Node: l.Node, LPID: l.LPID, Addr: l.Addr.String(), Ctl: l.Ctl.String(), Gen: l.Gen, Moved: l.Moved, Host: l.Host}
 	}
 	if !l.Managed {
 		return LocateReply{}
 	}
-	return LocateReply{Managed: true, Node: l.Node, LPID: l.LPID, Addr: l.Addr.String(), Ctl: l.Ctl.String(), Gen: l.Gen}
+	return LocateReply{Managed: true, Node: l.Node, LPID: l.LPID, Addr: l.Addr.String(), Ctl: l.Ctl.String(), Gen: l.Gen, Moved: l.Moved, Host: l.Host}
 }
 
 // Location parses a managed reply back into a Location.
@@ -161,5 +183,5 @@ func (r LocateReply) Location() (Location, error) {
 		return Location{}, fmt.Errorf("locate reply: incomplete managed answer %+v", r)
 	}
 	return Location{Managed: true, Node: r.Node, LPID: r.LPID, Addr: netip.AddrPortFrom(a.Addr().Unmap(), a.Port()),
-		Ctl: netip.AddrPortFrom(c.Addr().Unmap(), c.Port()), Gen: r.Gen}, nil
+		Ctl: netip.AddrPortFrom(c.Addr().Unmap(), c.Port()), Gen: r.Gen, Moved: r.Moved, Host: r.Host}, nil
 }

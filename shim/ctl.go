@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -163,10 +164,65 @@ func (p *pendingConn) hold(f frame, nc net.Conn) {
 		p.resume, p.resumeF = nc, f
 		if !p.stood {
 			p.stood = true
-			go p.s.sendStandIn(p.id, f.Listener)
+			go p.standIn(f.Listener)
 		}
 	}
 	p.mu.Unlock()
+}
+
+// standIn sends the connection's stand-in to the app's listener on port.
+// When the app has no listener there yet (a restarted process resumed by
+// its peer before it listened again), listen sends it (standInsFor).
+func (p *pendingConn) standIn(port uint16) {
+	for p.s.sendStandIn(p.id, port) == errNoListener {
+		p.mu.Lock()
+		p.stood = false
+		p.mu.Unlock()
+		if !p.s.listening(port) {
+			return
+		}
+		// The listener came since: unless listen's scan took it, again.
+		p.mu.Lock()
+		if p.stood || p.adopted {
+			p.mu.Unlock()
+			return
+		}
+		p.stood = true
+		p.mu.Unlock()
+	}
+}
+
+// standInsFor sends the stand-ins that waited for a listener on port.
+func (s *safeSockets) standInsFor(port uint16) {
+	s.mu.Lock()
+	ps := make([]*pendingConn, 0, len(s.pending))
+	for _, p := range s.pending {
+		ps = append(ps, p)
+	}
+	s.mu.Unlock()
+	for _, p := range ps {
+		p.mu.Lock()
+		send := p.resume != nil && !p.stood && !p.adopted && p.resumeF.Listener == port
+		if send {
+			p.stood = true
+		}
+		p.mu.Unlock()
+		if send {
+			go p.standIn(port)
+		}
+	}
+}
+
+// listening reports whether the app listens on port.
+func (s *safeSockets) listening(port uint16) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.listeners {
+		if p == port {
+			return true
+		}
+	}
+	return false
 }
 
 // ackNothing keeps a held control channel alive until the app accepts.
@@ -252,9 +308,12 @@ type standIn struct {
 	fd int // our end, until the app accepts the other
 }
 
+// errNoListener: the app does not listen on the port a stand-in is for.
+var errNoListener = errors.New("no listener")
+
 // sendStandIn connects a stand-in for connection id to the app's listener
-// on port.
-func (s *safeSockets) sendStandIn(id uint64, port uint16) {
+// on port. Errors other than errNoListener are logged here.
+func (s *safeSockets) sendStandIn(id uint64, port uint16) error {
 	s.mu.Lock()
 	lfd := -1
 	for fd, p := range s.listeners {
@@ -266,11 +325,11 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) {
 	s.mu.Unlock()
 	if lfd < 0 || port == 0 {
 		debugf("connection %d:%d: no listener on port %d for a stand-in: its resume waits", id>>32, uint32(id), port)
-		return
+		return errNoListener
 	}
 	ln, err := sockName(lfd, false)
 	if err != nil {
-		return
+		return err
 	}
 	to := ln.Addr()
 	if to.IsUnspecified() {
@@ -280,7 +339,7 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) {
 	fd := int(C.radic_sock_bound(ip4(to), &from))
 	if fd < 0 {
 		logf("connection %d:%d: cannot make a stand-in: %v", id>>32, uint32(id), syscall.Errno(-fd))
-		return
+		return syscall.Errno(-fd)
 	}
 	// Known before it can be accepted: the app may take it at once.
 	s.mu.Lock()
@@ -292,13 +351,14 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) {
 			// accept closed our end (hence the error): the fd number is
 			// no longer ours to close.
 			debugf("connection %d:%d: stand-in accepted at once", id>>32, uint32(id))
-			return
+			return nil
 		}
 		logf("connection %d:%d: stand-in to %s:%d: %v", id>>32, uint32(id), to, port, syscall.Errno(-e))
 		C.radic_sock_close(C.int(fd))
-		return
+		return syscall.Errno(-e)
 	}
 	logf("connection %d:%d: never reached the backlog; stand-in %s:%d sent to the app's listener", id>>32, uint32(id), to, from)
+	return nil
 }
 
 func (s *safeSockets) takeStandIn(peer netip.AddrPort) *standIn {
@@ -775,12 +835,20 @@ func (c *conn) peerCtl() netip.AddrPort {
 		// control listener is on another port, registered with its
 		// listener (paddr).
 		if loc, ok := c.s.loc.locate(c.paddr); ok {
-			if a, err := netip.ParseAddrPort(loc.Ctl); err == nil && a.Port() != ctl.Port() {
+			if a, err := netip.ParseAddrPort(loc.Ctl); err == nil && a != ctl && (loc.Moved || a.Port() != ctl.Port()) {
 				debugf("connection %s: the peer's control listener is now at %s", c, a)
-				ctl = netip.AddrPortFrom(ctl.Addr(), a.Port())
+				if !loc.Moved {
+					a = netip.AddrPortFrom(ctl.Addr(), a.Port())
+				}
+				ctl = a
 				c.mu.Lock()
 				c.ctlAddr = ctl
 				c.mu.Unlock()
+			}
+			if loc.Moved {
+				// On another node than its own, whose address is
+				// no guide any more.
+				return ctl
 			}
 		}
 	}

@@ -45,6 +45,7 @@ type location struct {
 	Ctl     string `json:"ctl"`
 	Gen     int    `json:"gen"`
 	Closed  bool   `json:"closed"` // a listener no more: Lpid and Ctl name its last process
+	Moved   bool   `json:"moved"`  // its process was restarted on another node: Addr and Ctl are there
 }
 
 func newLocator(daemon, job string, node int) *locator {

@@ -473,6 +473,7 @@ func (s *safeSockets) listen(fd, backlog int) (int, int) {
 	s.listeners[fd] = ap.Port()
 	s.mu.Unlock()
 	debugf("listener fd %d port %d registered", fd, ap.Port())
+	s.standInsFor(ap.Port())
 	return 0, 0
 }
 
@@ -596,7 +597,9 @@ func (s *safeSockets) tryRegister(port uint16) bool {
 }
 
 func (s *safeSockets) register(method string, port uint16) error {
-	body := fmt.Sprintf(`{"job":%q,"port":%d,"lpid":%q,"ctl_port":%d}`, s.job, port, s.lpidName, s.ctlPort)
+	// node: our logical node, which a rank restarted elsewhere keeps
+	// listening on (its daemon is another node's).
+	body := fmt.Sprintf(`{"job":%q,"port":%d,"lpid":%q,"ctl_port":%d,"node":%d}`, s.job, port, s.lpidName, s.ctlPort, s.loc.node)
 	req, err := newRequest(method, "http://"+s.loc.daemon+"/v1/listeners", body)
 	if err != nil {
 		return err

@@ -316,9 +316,15 @@ func (l *locator) handleListeners(w http.ResponseWriter, r *http.Request) {
 	if pushed {
 		via = "push"
 	}
+	if req.Node != nil {
+		if _, ok := l.table.Node(*req.Node); !ok {
+			http.Error(w, fmt.Sprintf("field \"node\": %d is not a node of this cluster", *req.Node), http.StatusBadRequest)
+			return
+		}
+	}
 	if unregister {
-		if l.table.Unregister(req.Job, node, req.Port, req.LPID) {
-			l.log.Info("listener unregistered", "job", req.Job, "listener_node", node, "port", req.Port, "lpid", req.LPID, "via", via)
+		if l.table.Unregister(req.Job, req.LogicalNode(node), req.Port, req.LPID) {
+			l.log.Info("listener unregistered", "job", req.Job, "listener_node", req.LogicalNode(node), "host", node, "port", req.Port, "lpid", req.LPID, "via", via)
 		}
 	} else {
 		changed, err := l.table.Register(req.Listener(node))
@@ -327,7 +333,7 @@ func (l *locator) handleListeners(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if changed {
-			l.log.Info("listener registered", "job", req.Job, "listener_node", node, "port", req.Port, "lpid", req.LPID, "ctl_port", req.CtlPort, "via", via)
+			l.log.Info("listener registered", "job", req.Job, "listener_node", req.LogicalNode(node), "host", node, "port", req.Port, "lpid", req.LPID, "ctl_port", req.CtlPort, "via", via)
 		}
 	}
 	if !pushed {
@@ -486,8 +492,10 @@ func (l *locator) askOwner(ctx context.Context, job string, id int, port uint16)
 	if loc.Node != id || loc.Addr.Port() != port {
 		return reconfigure.Location{}, fmt.Errorf("node %d answered for node %d port %d", id, loc.Node, loc.Addr.Port())
 	}
-	l.applyMove(id, loc.Addr.Addr(), loc.Gen, viaLocate)
-	changed, err := l.table.Register(reconfigure.Listener{Job: job, Node: id, Port: port, LPID: loc.LPID, CtlPort: loc.Ctl.Port()})
+	if !loc.Moved { // else the address is the host's, not the node's
+		l.applyMove(id, loc.Addr.Addr(), loc.Gen, viaLocate)
+	}
+	changed, err := l.table.Register(reconfigure.Listener{Job: job, Node: id, Port: port, LPID: loc.LPID, CtlPort: loc.Ctl.Port(), Moved: loc.Moved, Host: loc.Host})
 	if err != nil {
 		return reconfigure.Location{}, err
 	}

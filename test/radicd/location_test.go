@@ -225,6 +225,13 @@ type netnsCluster struct {
 	env []string
 }
 
+// with is c seen from test t (a subtest): its failures end t, not c's.
+func (c *netnsCluster) with(t *testing.T) *netnsCluster {
+	cc := *c
+	cc.t = t
+	return &cc
+}
+
 func newNetnsCluster(t *testing.T, nodes int, upArgs ...string) *netnsCluster {
 	t.Helper()
 	testenv.RequireRoot(t)

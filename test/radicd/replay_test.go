@@ -136,11 +136,12 @@ func (c *netnsCluster) dumpReplayLogs() {
 // or with its node) is restarted, replays its log and the job ends as a
 // fault-free run does, in each of the stream's I/O modes (blocking
 // threads, poll, epoll), whether it made the connection or accepted it
-// (kill-node of the accepting rank needs its listener to move with it:
-// not yet).
+// (kill-node of the accepting rank: its listener moves with it, and the
+// peer's reconnect finds it on the spare).
 func TestReplayStream(t *testing.T) {
 	c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
 	c.dumpReplayLogs()
+	lostNode := false // a kill-node took a compute node and the spare
 	code, out := c.runJob(streamRun(t, "blocking")...)
 	want := okLines(out)
 	if code != 0 || strings.Count(want, "stream ok") != 2 {
@@ -156,8 +157,19 @@ func TestReplayStream(t *testing.T) {
 		{"kill-rank-epoll", "epoll", "kill-rank", 1, 1},
 		{"kill-rank-acceptor", "blocking", "kill-rank", 0, 0},
 		{"kill-node-blocking", "blocking", "kill-node", 1, 2},
+		{"kill-node-acceptor", "blocking", "kill-node", 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			c := c.with(t)
+			if tc.fault == "kill-node" {
+				// Rank r runs on node r and restarts on the spare only
+				// on a cluster that has not lost a node yet.
+				if lostNode {
+					c = newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+					c.dumpReplayLogs()
+				}
+				lostNode = true
+			}
 			base := c.logBytes(tc.rank)
 			out, wait := c.startJob(streamRun(t, tc.mode)...)
 			clustertest.WaitRanks(t, c.dir, 2)
