@@ -63,7 +63,7 @@ func clusterUp(args []string) error {
 	fs.StringVar(&o.Name, "name", cluster.DefaultName, "cluster `name` (1-8 of [a-z0-9]): prefixes namespaces, links, the nft table and the cgroup")
 	fs.StringVar(&o.Subnet, "subnet", "", "node addresses, an IPv4 /16 (default "+cluster.DefaultNetnsSubnet+", loopback "+cluster.DefaultLoopbackSubnet+")")
 	noDaemons := fs.Bool("no-daemons", false, "do not start radicd on the nodes")
-	fs.BoolVar(&o.FenceKill, "fence-kill", false, "radicd kills the job of a node cut off from the ring (off: nothing restarts those processes elsewhere yet)")
+	fs.BoolVar(&o.FenceKill, "fence-kill", false, "radicd kills the job of a node cut off from the ring, so that recovery (radic run --recovery) may restart its ranks elsewhere (off: a lost node's ranks are not restarted, as a frozen node's could wake and run twice)")
 	fs.StringVar(&o.Radicd, "radicd", "", "radicd `binary` (default $RADIC_RADICD or next to radic)")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 10*time.Second, "how long each radicd has to send READY=1")
 	if err := fs.Parse(args); err != nil {

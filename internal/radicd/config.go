@@ -115,7 +115,7 @@ var settings = []setting{
 	{name: "state-dir", usage: "`DIR` for the incarnation counter and the critical-data store", set: func(c *Config, v string) error { c.StateDir = v; return nil }},
 	{name: "metrics-addr", usage: "`ADDR:PORT` serving /metrics (Prometheus), /status (JSON) and /healthz; empty: off", set: func(c *Config, v string) error { c.MetricsAddr = v; return nil }},
 	{name: "job-cgroup", usage: "cgroup v2 `DIR` holding this node's managed processes, killed (cgroup.kill) when the node fences itself", set: func(c *Config, v string) error { c.JobCgroup = v; return nil }},
-	{name: "fence-kill", boolean: true, usage: "when fencing, kill the processes in --job-cgroup (default true); false only records the fence, for clusters where nothing restarts those processes elsewhere yet", set: func(c *Config, v string) error {
+	{name: "fence-kill", boolean: true, usage: "when fencing, kill the processes in --job-cgroup (default true), which lets recovery restart them elsewhere; false only records the fence, and recovery restarts nothing (a fenced node's ranks could wake and run twice)", set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		c.FenceKill = b
 		return err

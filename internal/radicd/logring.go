@@ -433,7 +433,7 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 	r.lr = lr
 	stopRetry := make(chan struct{})
 	retryDone := make(chan struct{})
-	r.retryIdle.Store(false)
+	r.retryIdle.Store(true) // nothing pending yet: the first batch wakes it
 	go func() {
 		defer close(retryDone)
 		lr.routineLogRetry(ctx, r, log, stopRetry)
@@ -597,13 +597,17 @@ func (s *syncShipment) poll() error {
 	}
 }
 
+// pendingCheck: how often routineLogRetry looks at batches that are not
+// stable yet (and asks the ring whether their protectors still are).
+const pendingCheck = 200 * time.Millisecond
+
 // routineLogRetry looks after the ring's shipments that are not stable:
 // it sends again those that failed (after a backoff, the oldest first)
 // and, while one fails or a protector reports a problem, says why (logged
 // once per reason and every 10 s, and left in the ring's header for the
 // process's own log). It sleeps while nothing is pending: it is woken by
 // a failure (the ticket's onFail) or by the first batch shipped after it
-// went idle, then looks again every second while batches are pending.
+// went idle, then looks again every pendingCheck while batches are pending.
 func (lr *logRings) routineLogRetry(ctx context.Context, r *logRing, log *slog.Logger, stop <-chan struct{}) {
 	backoff := 20 * time.Millisecond
 	var retryAt time.Time
@@ -652,13 +656,7 @@ func (lr *logRings) routineLogRetry(ctx context.Context, r *logRing, log *slog.L
 			}
 			var still *stillTrying
 			if errors.As(err, &still) {
-				// The shipment goes on, unless its protector was replaced
-				// (declared dead, a spare promoted): nothing else asks the
-				// ring again while the process waits for this batch.
-				if lr.refresh != nil {
-					lr.refresh(ctx)
-				}
-				continue
+				continue // the shipment goes on
 			}
 			failedAny = true
 			if now := time.Now(); now.Before(retryAt) {
@@ -669,6 +667,15 @@ func (lr *logRings) routineLogRetry(ctx context.Context, r *logRing, log *slog.L
 			r.pmu.Lock()
 			it.sh = sh
 			r.pmu.Unlock()
+		}
+		if len(open) > 0 && lr.refresh != nil {
+			// A batch waits, perhaps on a protector that was replaced
+			// (declared dead: its connection may stay silent, with no
+			// error, for as long as replAckTimeout; a spare promoted):
+			// ask the ring again, which fails the shipments to nodes
+			// that no longer protect this one, to be sent to the new
+			// set. Nothing else asks while the process waits for them.
+			lr.refresh(ctx)
 		}
 		if failedAny {
 			if next == 0 {
@@ -684,12 +691,12 @@ func (lr *logRings) routineLogRetry(ctx context.Context, r *logRing, log *slog.L
 		case next > 0:
 			t.Reset(next)
 		case len(open) > 0:
-			t.Reset(time.Second)
+			t.Reset(pendingCheck)
 		default:
 			// Idle: the next batch shipped wakes us.
 			r.retryIdle.Store(true)
 			if r.pending() > 0 && r.retryIdle.CompareAndSwap(true, false) {
-				t.Reset(time.Second)
+				t.Reset(pendingCheck)
 			}
 		}
 	}

@@ -226,3 +226,82 @@ func TestLogRingDrain(t *testing.T) {
 		t.Errorf("determinants %v, want 7 receives and the end of stream", dets)
 	}
 }
+
+// hungShipment is a batch sent to a protector that vanished without a
+// word: in flight until the replicator gives it up (fail).
+type hungShipment struct {
+	h      shipHooks
+	failed atomic.Bool
+}
+
+func (s *hungShipment) fail() {
+	if !s.failed.Swap(true) {
+		s.h.onFail()
+	}
+}
+
+func (s *hungShipment) poll() error {
+	if s.failed.Load() {
+		return errors.New("node 2 no longer protects this node")
+	}
+	return errInFlight
+}
+
+func (s *hungShipment) wait(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+
+// TestLogRingProtectorReplaced: a batch in flight to a protector that died
+// silently (no error, no ack) while the process holds a send is sent again
+// once the ring names a new protector, with no other batch to make
+// anyone ask the ring (a job in lockstep waits for exactly this one).
+func TestLogRingProtectorReplaced(t *testing.T) {
+	proc := exec.Command("sleep", "60")
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { proc.Process.Kill(); proc.Wait() }()
+	const owner = 7<<32 | 4
+	r := newTestRing(t, 64<<10, owner, proc.Process.Pid)
+
+	var mu sync.Mutex
+	var hung []*hungShipment
+	replaced := atomic.Bool{}
+	lr := &logRings{log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		submit: func(ctx context.Context, body []byte, h shipHooks) shipment {
+			if replaced.Load() { // the new protector: stable at once
+				h.onStable()
+				h.onStored()
+				return failedShipment{nil}
+			}
+			s := &hungShipment{h: h}
+			mu.Lock()
+			hung = append(hung, s)
+			mu.Unlock()
+			return s
+		},
+		refresh: func(context.Context) {
+			// The ring has replaced the protector by now: the streams to
+			// it close, failing what they held.
+			if replaced.Swap(true) {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range hung {
+				s.fail()
+			}
+		}}
+	ring, err := mapLogRing(logRegistration{Path: r.path, Owner: owner, Pid: proc.Process.Pid, Lpid: "4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { lr.routineLogRing(ctx, ring); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	r.append(logring.Record{Type: logring.TypeRecvData, Result: 3, Conn: 5, Payload: []byte("abc")})
+	if !r.hold(t, 5*time.Second) {
+		t.Fatalf("stable = %d, want %d: the batch waits on the vanished protector (refreshed: %v)",
+			atomic.LoadUint64(r.u64(logring.OffStable)), r.head, replaced.Load())
+	}
+}

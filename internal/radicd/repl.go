@@ -400,6 +400,9 @@ func (s *replStream) send(body []byte, tk *ticket) {
 	b := &replBatch{seq: s.seq, body: body, tk: tk}
 	s.pend = append(s.pend, b)
 	c := s.conn
+	if c != nil && len(s.pend) == 1 {
+		s.setAckDeadline(c) // the reader may wait without one
+	}
 	inline := c != nil && !s.writing && s.written == b.seq-1 && len(body) <= replInline
 	if inline {
 		s.writing = true
@@ -568,16 +571,9 @@ func (s *replStream) serve(c net.Conn, br *bufio.Reader) error {
 	s.kickWriter()
 	var a [replAckLen]byte
 	for {
-		// A protector that holds batches of ours acks within seconds;
-		// an idle connection has nothing to say.
 		s.mu.Lock()
-		busy := len(s.pend) > 0
+		s.setAckDeadline(c)
 		s.mu.Unlock()
-		if busy {
-			c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		} else {
-			c.SetReadDeadline(time.Time{})
-		}
 		if _, err := io.ReadFull(br, a[:]); err != nil {
 			return err
 		}
@@ -596,6 +592,24 @@ func (s *replStream) serve(c net.Conn, br *bufio.Reader) error {
 			msg = fmt.Sprintf("protector %d: %s", s.peer, m)
 		}
 		s.ack(recv, stored, msg)
+	}
+}
+
+// replAckTimeout: a protector that holds batches of ours acks within
+// seconds; a connection that says nothing for this long while it does is
+// taken as broken (a protector whose node vanished sends no RST).
+var replAckTimeout = 30 * time.Second // a variable for tests
+
+// setAckDeadline gives c's reader (which may be blocked already) a deadline
+// while batches wait for their acks, none while the stream is idle: an
+// idle connection has nothing to say.
+//
+// +checklocks:s.mu
+func (s *replStream) setAckDeadline(c net.Conn) {
+	if len(s.pend) > 0 {
+		c.SetReadDeadline(time.Now().Add(replAckTimeout))
+	} else {
+		c.SetReadDeadline(time.Time{})
 	}
 }
 

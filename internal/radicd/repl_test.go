@@ -1,12 +1,15 @@
 package radicd
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -189,6 +192,60 @@ func TestReplStreamProtectorGone(t *testing.T) {
 	}
 	if err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("wait = %v, want the protector's departure", err)
+	}
+}
+
+// A protector that goes silent (its node vanished: no RST, no FIN) while a
+// batch waits on it is a problem within replAckTimeout, even when the
+// stream's reader started waiting while it was idle (with no deadline).
+func TestReplStreamSilentProtector(t *testing.T) {
+	defer func(d time.Duration) { replAckTimeout = d }(replAckTimeout)
+	replAckTimeout = 300 * time.Millisecond
+	p := newReplPair(t, StableMemory)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // upgrades, then reads and never answers
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", replUpgrade)
+		io.Copy(io.Discard, br)
+	}()
+	p.rp.addr = func(heartbeat.NodeID) (netip.AddrPort, bool) {
+		return netip.MustParseAddrPort(ln.Addr().String()), true
+	}
+	s := p.rp.stream(2)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		up := s.conn != nil
+		s.mu.Unlock()
+		if up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stream did not connect")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // its reader waits, idle
+	sh := p.rp.submit(context.Background(), dataBody(9, 0, []byte("x")), shipHooks{})
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var still *stillTrying
+		if err := sh.poll(); errors.As(err, &still) {
+			t.Logf("the shipment reports: %v", err)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shipment still says %v after 3 s of a silent protector (ack timeout %v)", sh.poll(), replAckTimeout)
+		}
 	}
 }
 
