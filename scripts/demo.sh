@@ -14,6 +14,20 @@ APP_ARGS=(--nx 256 --ny 256 --iters "$ITERS" --decomp 1d)
 bold() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 say() { printf '   %s\n' "$*"; }
 digest() { grep -o 'digest=[0-9a-fx]*' "$1" | tail -n 1; }
+# sockets FILE: the first broken and resumed lines of the ranks' safe sockets.
+sockets() {
+  { grep -E '^radic\[.* broken' "$1" | head -n 3
+    grep -E '^radic\[.* resumed' "$1" | head -n 3; } | sed 's/^/     /'
+}
+# answer RC FILE: the job's status and digest against the reference (or exit).
+answer() {
+  local got; got=$(digest "$2")
+  if [[ $1 == 0 && $got == "$ref" ]]; then
+    say "the job finished: $got  (reference: $ref, the same answer: nothing lost, nothing duplicated)"
+  else
+    say "the job ended with status $1, $got  — DIFFERENT from the reference $ref"; exit 1
+  fi
+}
 
 cleanup() { "$RADIC" cluster down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
@@ -53,15 +67,9 @@ sleep 1
 "$RADIC" fault readdress 3
 wait "$job"
 rc=$?
-got=$(digest build/demo-net.out)
 say "what the safe sockets said (radic's log lines on the ranks' stderr):"
-{ grep -E '^radic\[.* broken' build/demo-net.out | head -n 3
-  grep -E '^radic\[.* resumed' build/demo-net.out | head -n 3; } | sed 's/^/     /'
-if [[ $rc == 0 && $got == "$ref" ]]; then
-  say "the job finished: $got  (the same answer: nothing lost, nothing duplicated)"
-else
-  say "the job ended with status $rc, $got  — DIFFERENT from the reference"; exit 1
-fi
+sockets build/demo-net.out
+answer "$rc" build/demo-net.out
 
 bold "5. Again with recovery on, and node 2 is killed mid-run"
 say "The cluster again, its radicds fencing by killing (--fence-kill): a node cut"
@@ -77,16 +85,9 @@ say "depends on it (this costs Jacobi's small messages a round trip each: slower
 sleep "$(echo "if ($took < 1) 2 else 2 * $took" | bc -l | cut -c1-4)"
 say "$("$RADIC" fault kill-node 2 2>&1 | cut -c1-100)"
 wait
-got=$(digest build/demo-kill.out)
-rc=$(cat build/demo-kill.rc)
 say "what the safe sockets of the surviving ranks said:"
-{ grep -E '^radic\[.* broken' build/demo-kill.out | head -n 3
-  grep -E '^radic\[.* resumed' build/demo-kill.out | head -n 3; } | sed 's/^/     /'
-if [[ $rc == 0 && $got == "$ref" ]]; then
-  say "the job finished: $got  (reference: $ref, the same answer)"
-else
-  say "the job ended with status $rc, $got  — DIFFERENT from the reference $ref"; exit 1
-fi
+sockets build/demo-kill.out
+answer "$(cat build/demo-kill.rc)" build/demo-kill.out
 say "what the protector ring looks like now (node 2 dead, the spare promoted):"
 "$RADIC" status || true
 
