@@ -831,13 +831,18 @@ ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flag
  * read, the read would find the end, break the connection and, once it is
  * resumed, block on the new socket for bytes that may never come (iperf3
  * reading its control connection, which speaks only at the end of a
- * test). So the failure is reported here, as the read would have, and the
- * caller polls again. Returns 1 when the readiness was not true. Called
- * with the connection held, so no swap can change the socket under fd.
+ * test). So the failure is reported, as the read would have, and the
+ * caller polls again.
+ *
+ * peek_end looks, with the connection held (no swap can change the socket
+ * under fd): 0 if the readiness is true, -1 for an end of stream, else the
+ * socket's errno.
  */
-static int false_end(struct radic_conn *c, int fd)
+static int peek_end(struct radic_conn *c, int fd)
 {
-	if (load64(&c->peer_end) == load64(&c->recvd))
+	/* Broken already (its break's shutdown is what this poll saw, and
+	 * radic_breaks has moved: the set is polled again), or a proper end. */
+	if (load_state(c) != RADIC_CONN_UP || load64(&c->peer_end) == load64(&c->recvd))
 		return 0;
 	char b;
 	ssize_t r = REAL(recv)(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -846,10 +851,22 @@ static int false_end(struct radic_conn *c, int fd)
 	int e = errno;
 	if (r < 0 && (e == EAGAIN || e == EINTR))
 		return 0;
-	uint32_t gen = c->gen;
-	if (r == 0)
+	return r == 0 ? -1 : e;
+}
+
+/*
+ * Reports what peek_end found on socket gen, once the connection is no
+ * longer held: the report of an end of stream waits for the close marker,
+ * and Go breaks the connection under the lock that a resume holds while
+ * its swap waits for the holds to go (with the hold kept, both waited a
+ * second for each other, and the peer gave the resume up). Returns 1 when
+ * the readiness was not true.
+ */
+static int false_end(struct radic_conn *c, uint32_t gen, int end)
+{
+	if (end < 0)
 		return report(c, gen, 0, 1, 0) == 0; /* 1: the marker came, a proper end */
-	report(c, gen, e, 0, 1);
+	report(c, gen, end, 0, 1);
 	return 1;
 }
 
@@ -858,7 +875,7 @@ static int false_end(struct radic_conn *c, int fd)
  * pselect of the job's on a safe socket. A BROKEN connection is replaced
  * by its wake fd (readable once it is resumed, then the whole set is
  * polled again); a FAILED one reports an error at once; an UP one's end
- * of stream or error is checked (false_end).
+ * of stream or error is checked (peek_end, false_end).
  *
  * A connection that was UP when the set was made can break while the poll
  * waits on its socket: the break's shutdown makes that socket "readable"
@@ -903,7 +920,7 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 					radic_conn_unhold(c); /* its socket is not polled */
 			}
 			if (st == RADIC_CONN_UP && c) {
-				p[i].events |= POLLRDHUP; /* an end is looked at (false_end) */
+				p[i].events |= POLLRDHUP; /* an end is looked at (peek_end) */
 			} else if (st == RADIC_CONN_BROKEN) {
 				p[i].fd = c->wake_fd;
 				p[i].events = POLLIN;
@@ -924,10 +941,13 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 		for (nfds_t i = 0; i < n; i++) {
 			struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
 			if (c && p[i].fd == fds[i].fd) {
-				if (r > 0 && (p[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
-				    false_end(c, fds[i].fd))
-					ended = 1;
+				uint32_t gen = c->gen;
+				int end = 0;
+				if (r > 0 && (p[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+					end = peek_end(c, fds[i].fd);
 				radic_conn_unhold(c);
+				if (end != 0 && false_end(c, gen, end))
+					ended = 1;
 			}
 		}
 		if (r < 0)
@@ -1198,7 +1218,6 @@ int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, ui
 			if (c->rp == NULL)
 				ep_move(c, c->wake_fd, fds[0]);
 		}
-		int skipping = 0;
 		if (c->tx_replay && c->verify_set) {
 			/* Replay, the first resume: the peer received [0, skip_to)
 			 * of our stream. What was regenerated so far is in the
@@ -1214,11 +1233,12 @@ int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, ui
 				c->skip_to = c->verify_at;
 				c->skip_hash = c->verify_hash;
 				__atomic_store_n(&c->acked, c->skip_to, __ATOMIC_RELEASE);
-				skipping = resume_at == c->skip_to;
 			}
 		}
-		if (skipping) {
-			/* Sends below skip_to are hashed and dropped. */
+		if (c->skip_to > c->sent && resume_at == c->skip_to) {
+			/* Replaying, and not yet regenerated up to what the peer
+			 * has (this resume, or a later one after another break):
+			 * sends below skip_to are hashed and dropped. */
 			c->wire = resume_at;
 		} else if (resume_at > c->sent) {
 			/* The peer says it has bytes we never sent: outside a

@@ -690,6 +690,16 @@ func checkStream(t *testing.T, j *job, code int, ref map[int]string) {
 			t.Errorf("rank %d: %q, want %q (bare run, no fault)", r, got[r], ref[r])
 		}
 	}
+	// A resume must not wait on a poll of the old socket: the break's
+	// shutdown ends every such poll at once. (A poll that reported the
+	// break while it still held the old socket waited, with the hold, for
+	// the lock the resume held while it waited for the hold to go: a
+	// second each time, the peer gave the resume up, and after a restart
+	// a second resume was refused. Every readdress of a poll-driven
+	// stream did it.)
+	if strings.Contains(j.out.String(), "a wait on its old socket did not end") {
+		t.Errorf("a resume waited for a poll on the old socket:\n%s", j.out.String())
+	}
 	if !t.Failed() {
 		t.Logf("both ranks: same digest as the bare run (%v)", time.Since(j.launch).Round(time.Millisecond))
 	}
