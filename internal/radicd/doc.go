@@ -33,7 +33,7 @@
 //	DELETE /v1/jobs/J               the launcher is done: ranks still there are killed, all are forgotten
 //	GET  /v1/jobs                   every rank of this node (JSON)
 //	POST /v1/jobs/J/checkpoint      one checkpoint of J's ranks here, together, left running (CheckpointReply; 404: none here, 409: one not running)
-//	POST /v1/recovery/learn         a protector.Placement announced by another daemon's machine
+//	POST /v1/recovery/learn         a protector.Placement announced by another daemon's machine (and the group's replay report)
 //	POST /v1/recovery/restart       {"group","epoch","from"}: relaunch the group's recovery ranks here; 204 once running
 //	POST /v1/recovery/abort         {"group","epoch"}: never start that attempt (kill it if it started)
 //	POST /v1/recovery/ranks         [launch.RankLoc]: where recovery ranks run now (pushed to every daemon)

@@ -177,6 +177,29 @@ func (b *progressBook) learn(rep progressReport, now time.Time) {
 	b.reports[rep.By], b.heard[rep.By] = rep, now
 }
 
+// learnReplay keeps a new host's replay report (pushed, or with its
+// machine's announcement of the stage) unless a fuller one is there.
+func (b *progressBook) learnReplay(rep replayReport, now time.Time) {
+	k := groupEpoch{rep.Group, rep.Epoch}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.replay[k]; !ok || rep.Bytes >= old.Bytes {
+		b.replay[k], b.replayAt[k] = rep, now
+	}
+	b.gcLocked(now)
+}
+
+// replayReportOf is this daemon's replay report of group at epoch, if any.
+func (b *progressBook) replayReportOf(group int, epoch uint64) *replayReport {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.replay[groupEpoch{group, epoch}]
+	if !ok {
+		return nil
+	}
+	return &r
+}
+
 // replayed is how many bytes group replayed at epoch, if it was reported.
 func (b *progressBook) replayed(group int, epoch uint64) *uint64 {
 	b.mu.Lock()
@@ -306,15 +329,7 @@ func (d *Daemon) progressRoutes(mux *http.ServeMux) {
 		if !decodeJSON(w, r, &rep) {
 			return
 		}
-		b := d.prog
-		k := groupEpoch{rep.Group, rep.Epoch}
-		now := time.Now()
-		b.mu.Lock()
-		if old, ok := b.replay[k]; !ok || rep.Bytes >= old.Bytes {
-			b.replay[k], b.replayAt[k] = rep, now
-		}
-		b.gcLocked(now)
-		b.mu.Unlock()
+		d.prog.learnReplay(rep, time.Now())
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /v1/recovery/divergence", func(w http.ResponseWriter, r *http.Request) {

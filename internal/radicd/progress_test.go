@@ -1,7 +1,11 @@
 package radicd
 
 import (
+	"bytes"
+	"encoding/json"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -166,6 +170,41 @@ func TestProgressBook(t *testing.T) {
 	}
 	if got := d.prog.status(now.Add(progressStale + time.Second)); len(got) != 0 {
 		t.Errorf("status once node 1's report is stale = %+v, want none", got)
+	}
+}
+
+// TestAnnouncementCarriesReplay: the new host's announcement of a stage
+// carries its replay report, so that the recoverer, which records the
+// recovery's event as it learns the stage Live, knows how much was
+// replayed even when the report's own push has not come (the event said
+// only "live again").
+func TestAnnouncementCarriesReplay(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	host := &Daemon{cfg: Config{Node: 4}, log: slog.New(slog.DiscardHandler), prog: newProgressBook(), dir: newDirectory(),
+		recMetrics: newRecoveryMetrics(reg)}
+	host.noteReplay(2, 1, 38<<20, 0, true)
+	body, err := json.Marshal(host.announcementOf(protector.Placement{Group: 2, Host: 4, Epoch: 1, Stage: protector.StageLive}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recoverer := &Daemon{cfg: Config{Node: 3}, log: slog.New(slog.DiscardHandler), prog: newProgressBook(), dir: newDirectory()}
+	mux := http.NewServeMux()
+	recoverer.recoveryRoutes(mux)
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/recovery/learn", bytes.NewReader(body)))
+	if rec.Code != http.StatusNoContent {
+		t.Fatalf("learn: %d %s", rec.Code, rec.Body)
+	}
+	if r := recoverer.prog.replayed(2, 1); r == nil || *r != 38<<20 {
+		t.Errorf("the recoverer's replayed(2, 1) = %v after the announcement, want %d", r, 38<<20)
+	}
+	// An announcement without a report (an older daemon's, or a stage
+	// before any replay) is still a Placement.
+	body, _ = json.Marshal(protector.Placement{Group: 5, Host: 4, Epoch: 1})
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/recovery/learn", bytes.NewReader(body)))
+	if rec.Code != http.StatusNoContent || recoverer.prog.replayed(5, 1) != nil {
+		t.Errorf("a bare Placement: %d %s, replayed(5, 1) = %v", rec.Code, rec.Body, recoverer.prog.replayed(5, 1))
 	}
 }
 

@@ -34,7 +34,7 @@ import (
 //
 // Endpoints (on --listen):
 //
-//	POST   /v1/recovery/learn            a Placement announced by another daemon's machine
+//	POST   /v1/recovery/learn            a Placement announced by another daemon's machine, with its replay report
 //	POST   /v1/recovery/restart          {"group","epoch","from"}: start the group here; 204 once started
 //	POST   /v1/recovery/abort            {"group","epoch"}: do not start it (stop it if it was)
 //	POST   /v1/recovery/ranks            []RankLoc: where recovery ranks run (pushed to every daemon)
@@ -48,6 +48,19 @@ type (
 	RecoveryEvent = launch.RecoveryEvent
 	JobRecovery   = launch.JobRecovery
 )
+
+// announcement is a Placement announced by a machine, with its host's
+// replay report of the group at that epoch: the recoverer records the
+// recovery's event (how much was replayed) as it learns the stage Live,
+// and the report's own push may come after this one.
+type announcement struct {
+	protector.Placement
+	Replay *replayReport `json:"replay,omitempty"`
+}
+
+func (d *Daemon) announcementOf(p protector.Placement) announcement {
+	return announcement{p, d.prog.replayReportOf(int(p.Group), p.Epoch)}
+}
 
 type restartReq struct {
 	Group int    `json:"group"`
@@ -297,7 +310,7 @@ func (e *recoveryEdge) execute(ctx context.Context, a protector.Action) {
 		n, err := killCgroup(d.cfg.JobCgroup, 5*time.Second)
 		d.log.Warn("protector fence: job processes stopped", "killed", n, "err", err)
 	case protector.ActAnnounce:
-		go d.pushAll("/v1/recovery/learn", a.Placement)
+		go d.pushAll("/v1/recovery/learn", d.announcementOf(a.Placement))
 	case protector.ActRepairRing:
 		d.log.Info("ring repaired", "ring", a.Ring, "pred", a.Pred, "succ", a.Succ)
 	case protector.ActFailed:
@@ -589,11 +602,15 @@ func (d *Daemon) sendAll(method, path string, v any) {
 
 func (d *Daemon) recoveryRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/recovery/learn", func(w http.ResponseWriter, r *http.Request) {
-		var p protector.Placement
-		if !decodeJSON(w, r, &p) {
+		var a announcement
+		if !decodeJSON(w, r, &a) {
 			return
 		}
+		if a.Replay != nil {
+			d.prog.learnReplay(*a.Replay, time.Now())
+		}
 		if d.rec != nil {
+			p := a.Placement
 			d.rec.input(func(m *protector.Machine, now time.Time) { m.Learn(now, p) })
 		}
 		w.WriteHeader(http.StatusNoContent)
