@@ -834,7 +834,13 @@ func (c *conn) peerCtl() netip.AddrPort {
 		// The peer process may have been restarted (recovery): its new
 		// control listener is on another port, registered with its
 		// listener (paddr).
-		if loc, ok := c.s.loc.locate(c.paddr); ok {
+		// While the peer's node is down its daemon cannot answer
+		// (503): its last control address is as good a guess as any,
+		// and the next dial asks again.
+		loc, err := c.s.loc.lookup(c.paddr)
+		if err != nil {
+			debugf("connection %s: where the peer listens now is not known yet: %v", c, err)
+		} else if loc.Managed {
 			if a, err := netip.ParseAddrPort(loc.Ctl); err == nil && a != ctl && (loc.Moved || a.Port() != ctl.Port()) {
 				debugf("connection %s: the peer's control listener is now at %s", c, a)
 				if !loc.Moved {

@@ -177,13 +177,19 @@ func (l *locator) locate(ap netip.AddrPort) (location, bool) {
 	if _, ok := l.nodeOf(ap.Addr()); !ok {
 		return location{}, false
 	}
-	var loc location
-	q := url.Values{"job": {l.job}, "addr": {ap.String()}}
-	if err := l.get("/v1/locate", q, &loc); err != nil {
+	loc, err := l.lookup(ap)
+	if err != nil {
 		logf("location lookup of %s failed (%v): treating it as plain TCP", ap, err)
 		return location{}, false
 	}
 	return loc, loc.Managed
+}
+
+// lookup asks the daemon where the listener ap is now.
+func (l *locator) lookup(ap netip.AddrPort) (location, error) {
+	var loc location
+	err := l.get("/v1/locate", url.Values{"job": {l.job}, "addr": {ap.String()}}, &loc)
+	return loc, err
 }
 
 // locateAny is locate that also answers for a listener that has been

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -239,7 +240,9 @@ func collectStatus(addrs []string, timeout time.Duration) statusReport {
 			defer cancel()
 			st, err := fetchStatus(ctx, a)
 			rep.Daems[i] = statusNode{Addr: a, Status: st}
-			if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				rep.Daems[i].Error = fmt.Sprintf("no answer within %v", timeout)
+			} else if err != nil {
 				rep.Daems[i].Error = err.Error()
 			}
 		})
@@ -384,10 +387,23 @@ func printStatus(w io.Writer, rep statusReport) {
 	}
 	tw.Flush()
 	printRecoveries(w, rep.Recoveries)
+	// The daemons that did not answer, with what the ring says of their
+	// node (a dead node's silence is no news; a live one's is).
+	var silent []string
 	for _, d := range rep.Daems {
-		if d.Error != "" {
-			fmt.Fprintf(w, "\n%s: %s", d.Addr, d.Error)
+		if d.Error == "" {
+			continue
 		}
+		node := ""
+		for _, r := range rep.Rows {
+			if r.Addr == d.Addr {
+				node = fmt.Sprintf(" (node %d, %s)", r.ID, r.Health)
+			}
+		}
+		silent = append(silent, fmt.Sprintf("  %s%s: %s\n", d.Addr, node, d.Error))
+	}
+	if len(silent) > 0 {
+		fmt.Fprintf(w, "\ndaemons that did not answer:\n%s", strings.Join(silent, ""))
 	}
 	fmt.Fprintln(w)
 }

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/internal/radicd"
 )
@@ -64,5 +66,30 @@ func TestMergeRecoveries(t *testing.T) {
 	printRecoveries(&b, mergeRecoveries(nil))
 	if b.Len() != 0 {
 		t.Errorf("no recoveries printed %q, want nothing", b.String())
+	}
+}
+
+// TestStatusSilentDaemons: a daemon that did not answer is listed after
+// the table with its node and what the ring says of it, and a timeout
+// says how long was waited (not "context deadline exceeded").
+func TestStatusSilentDaemons(t *testing.T) {
+	rep := statusReport{Ring: []heartbeat.NodeID{0, 1}, Rows: []statusRow{
+		{ID: 0, Addr: "10.77.0.1:9470", Health: "ok"},
+		{ID: 2, Addr: "10.77.0.3:9470", Health: "dead"},
+	}, Daems: []statusNode{{Addr: "10.77.0.1:9470"}, {Addr: "10.77.0.3:9470", Error: "no answer within 2s"}}}
+	var b strings.Builder
+	printStatus(&b, rep)
+	if want := "\ndaemons that did not answer:\n  10.77.0.3:9470 (node 2, dead): no answer within 2s\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("radic status output lacks %q:\n%s", want, b.String())
+	}
+	// A daemon that does not answer at all, through collectStatus.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := collectStatus([]string{l.Addr().String()}, 50*time.Millisecond)
+	if len(got.Daems) != 1 || got.Daems[0].Error != "no answer within 50ms" {
+		t.Errorf("a silent daemon: %+v, want the error \"no answer within 50ms\"", got.Daems)
 	}
 }
