@@ -394,6 +394,20 @@ func (m *Machine) hostStage(now time.Time, id GroupID, epoch uint64, st Stage) e
 	return nil
 }
 
+// Fence: the node's heartbeat ring fenced it (it found itself out of
+// contact, or stalled, for its fence timeout): the ring's peers may
+// declare it dead now, so this machine must not restart what it hosts,
+// least of all the processes the fence is about to kill (they would run
+// here and on the node that takes their group over). It stays inert until
+// radicd restarts.
+func (m *Machine) Fence(now time.Time, why string) {
+	m.advance(now)
+	defer m.step(now)
+	if !m.fenced {
+		m.fence(now, fmt.Errorf("%w: %s", ErrFenced, why))
+	}
+}
+
 // Exited: a process of group, hosted here, exited (kill-rank). The group
 // restarts as a whole, in place: Stop, then Restart on this node.
 func (m *Machine) Exited(now time.Time, id GroupID, proc ProcID) error {

@@ -251,6 +251,31 @@ func TestStallFences(t *testing.T) {
 	}
 }
 
+// TestRingFenceStopsRestarts: the ring fenced the node (its own
+// heartbeats found it cut off or stalled) and its fence kills the job's
+// processes. Their exits must not restart them here: the ring's peers
+// restart the group elsewhere, and it would run twice (a loaded spare
+// that hosted a restarted rank fenced itself, and restarted the rank the
+// fence had killed, while node 0 restarted it too).
+func TestRingFenceStopsRestarts(t *testing.T) {
+	m := newMachine(t, baseConfig(0))
+	m.Tick(t0.Add(10 * time.Millisecond))
+	m.Fence(t0.Add(20*time.Millisecond), "out of contact with the ring for 400ms")
+	rd := m.Ready()
+	if diff := cmp.Diff([]ActionKind{ActFence}, kinds(rd)); diff != "" {
+		t.Errorf("actions after the ring's fence (-want +got):\n%s", diff)
+	}
+	if !m.Fenced() || !errors.Is(rd.Actions[0].Err, ErrFenced) {
+		t.Errorf("fenced = %v, action %+v; want fenced with ErrFenced", m.Fenced(), rd.Actions[0])
+	}
+	if err := m.Exited(t0.Add(30*time.Millisecond), 0, 0); !errors.Is(err, ErrFenced) {
+		t.Errorf("Exited on a fenced node = %v, want ErrFenced", err)
+	}
+	if rd := m.Ready(); len(rd.Actions) != 0 {
+		t.Errorf("a fenced machine acted on an exit: %v", kinds(rd))
+	}
+}
+
 func TestStaleAcknowledgments(t *testing.T) {
 	m := newMachine(t, baseConfig(1))
 	now := t0.Add(time.Millisecond)

@@ -374,6 +374,14 @@ func (d *Daemon) routineWatchdog(ctx context.Context, every time.Duration) {
 func (d *Daemon) onEvent(e heartbeat.Event) {
 	switch e.Kind {
 	case heartbeat.EventFence:
+		if d.rec != nil {
+			// Before the kill: the machine takes its inputs in order, so
+			// it is fenced before it hears of the exits the kill causes,
+			// and restarts none of them here.
+			d.rec.input(func(m *protector.Machine, now time.Time) {
+				m.Fence(now, "the heartbeat ring fenced this node")
+			})
+		}
 		if !d.cfg.FenceKill {
 			d.fenceMu.Lock()
 			d.lastFence = FenceReport{At: time.Now(), Cgroup: d.cfg.JobCgroup, Error: "fence-kill is off: processes left running"}
