@@ -183,7 +183,9 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 		// what it had appended; the log is whole once that is done.
 		d.logs.waitOwner(owner, 10*time.Second)
 	}
+	start := time.Now()
 	body, detLen, err := d.fetchLog(ctx, req.From, req.Group, owner)
+	fetched := time.Now()
 	if err != nil {
 		return nil, fmt.Errorf("log of rank %d of job %s: %w", rank, job, err)
 	}
@@ -216,7 +218,8 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 		g.pending["live"][owner] = true
 	}
 	t.mu.Unlock()
-	d.log.Info("replay prepared", "job", job, "rank", rank, "owner", fmt.Sprintf("%x", owner), "log_bytes", len(body), "determinant_bytes", detLen, "from", req.From)
+	d.log.Info("replay prepared", "job", job, "rank", rank, "owner", fmt.Sprintf("%x", owner), "log_bytes", len(body), "determinant_bytes", detLen, "from", req.From,
+		"fetch", fetched.Sub(start), "reprotect", time.Since(fetched))
 	env = restartEnv(env, req.Epoch, d.cfg.Node != req.Group, d.cfg.Listen.String())
 	if d.cfg.StateDir != "" {
 		// Its stderr is compared with the first run's: the shim's own

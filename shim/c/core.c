@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 
 RADIC_START_DATA struct radic_real_table radic_real;
 unsigned char radic_fdflags[RADIC_FD_MAX];
@@ -70,7 +71,18 @@ void radic_logf(const char *fmt, ...)
 	if (file != NULL && *file != 0) {
 		long fd = syscall(SYS_openat, AT_FDCWD, file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 		if (fd >= 0) {
-			raw_write_all((int)fd, buf, (size_t)n);
+			/* The file's lines are read next to radicd's log (how
+			 * long a restarted rank took to reconnect): UTC time,
+			 * as radicd's. */
+			char line[sizeof buf + 32];
+			struct timespec now;
+			struct tm tm;
+			clock_gettime(CLOCK_REALTIME, &now);
+			gmtime_r(&now.tv_sec, &tm);
+			size_t k = strftime(line, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+			k += (size_t)snprintf(line + k, 32 - k, ".%03ldZ ", now.tv_nsec / 1000000);
+			memcpy(line + k, buf, (size_t)n);
+			raw_write_all((int)fd, line, k + (size_t)n); /* one write: O_APPEND keeps lines whole */
 			syscall(SYS_close, fd);
 			errno = saved;
 			return;
