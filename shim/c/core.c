@@ -373,8 +373,10 @@ __attribute__((constructor(101))) static void radic_init(void)
  * Go's threads must not take the program's signals. Loading Go with every
  * signal blocked (radic_load_go) keeps all of them blocked on every thread
  * the runtime starts, except the ones its signal table marks "always
- * unblock" (_SigUnblock): the synchronous faults and SIGURG, which the
- * runtime needs, but also SIGCHLD, SIGPROF, SIGSTKFLT and signal 34 (musl's
+ * unblock" (_SigUnblock): the synchronous faults, which the runtime turns
+ * into panics, and SIGURG, its preemption signal (unless asynchronous
+ * preemption is off: radic_load_go turns it off), but
+ * also SIGCHLD, SIGPROF, SIGSTKFLT and signal 34 (musl's
  * SIGSYNCCALL; SIGRTMIN in glibc), which a library runtime does not: it
  * installs no handler for them, so one taken by a Go thread runs the
  * program's handler there, or its default action, while the program has it
@@ -395,6 +397,16 @@ static const struct {
 	int sig;
 	int32_t flags; /* as Go 1.26 has them */
 } go_reblock[] = {
+	/* The faults: a real one on a Go thread is a bug of ours, and the
+	 * kernel ends the process for it, blocked or not (without Go's
+	 * traceback). One sent with kill or sigqueue is the program's: Go's
+	 * handler took it for a fault in its own code and crashed the
+	 * process, while the program had it blocked for a sigwait. */
+	{4, 4 + 128},        /* SIGILL: _SigThrow + _SigUnblock */
+	{5, 4 + 128},        /* SIGTRAP: _SigThrow + _SigUnblock */
+	{7, 8 + 128},        /* SIGBUS: _SigPanic + _SigUnblock */
+	{8, 8 + 128},        /* SIGFPE: _SigPanic + _SigUnblock */
+	{11, 8 + 128},       /* SIGSEGV: _SigPanic + _SigUnblock */
 	{16, 4 + 128},       /* SIGSTKFLT: _SigThrow + _SigUnblock */
 	{17, 1 + 128 + 256}, /* SIGCHLD: _SigNotify + _SigUnblock + _SigIgn */
 	{27, 1 + 128},       /* SIGPROF: _SigNotify + _SigUnblock */
@@ -534,7 +546,54 @@ static void *go_sym(void *h, const char *name, const char *path, int *ok)
  * If the library cannot be loaded, one line says why and the process runs
  * as pass-through.
  */
-static void radic_load_go(void)
+/*
+ * Asynchronous preemption off for Go's runtime: with it on, the runtime
+ * keeps SIGURG, its preemption signal, unblocked on every thread it starts,
+ * and a SIGURG sent to the process (out-of-band data, or kill) landed on
+ * one and was taken for a preemption request: lost to the program's
+ * sigwait or signalfd. Our goroutines are short; cooperative preemption
+ * does. There is no //go:debug for it, and the runtime reads GODEBUG from
+ * the process's initial environment array (after argv, as the kernel laid
+ * it out), not from environ: for the load, an entry of that array is lent
+ * to "GODEBUG=...,asyncpreemptoff=1" (the program's own GODEBUG if it has
+ * one, else its last entry that the shim does not read, which Go's copy of
+ * the environment then lacks), and given back before main.
+ */
+static char *godebug_lend(char **envv, char ***slot)
+{
+	*slot = NULL;
+	for (char **e = envv; *e != NULL; e++) {
+		if (strncmp(*e, "GODEBUG=", 8) == 0) {
+			*slot = e;
+			break;
+		}
+		if (strncmp(*e, "RADIC_", 6) != 0 && strncmp(*e, "LD_", 3) != 0)
+			*slot = e;
+	}
+	if (*slot == NULL)
+		return NULL;
+	char *was = **slot;
+	const char *own = strncmp(was, "GODEBUG=", 8) == 0 ? was + 8 : "";
+	size_t n = strlen(own) + 40;
+	char *lent = malloc(n);
+	if (lent == NULL) {
+		*slot = NULL;
+		return NULL;
+	}
+	snprintf(lent, n, "GODEBUG=%s%sasyncpreemptoff=1", own, *own ? "," : "");
+	**slot = lent;
+	return was;
+}
+
+static void godebug_return(char **slot, char *was)
+{
+	if (slot == NULL)
+		return;
+	free(*slot);
+	*slot = was;
+}
+
+static void radic_load_go(char **envv)
 {
 	char path[PATH_MAX];
 	if (!go_lib_path(path, sizeof path)) {
@@ -551,6 +610,7 @@ static void radic_load_go(void)
 
 	int ok = 1;
 	go_sigtable_value = find_go_sigtable(path);
+	char **slot, *was = godebug_lend(envv, &slot);
 	go_loading = 1;
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	go_loading = 0;
@@ -569,9 +629,10 @@ static void radic_load_go(void)
 	}
 	if (ok) {
 		radic_in_shim = 1;
-		radic_go.ping();
+		radic_go.ping(); /* returns once the runtime has started */
 		radic_in_shim = 0;
 	}
+	godebug_return(slot, was);
 
 	radic_release_low_fds();
 	if (ok)
@@ -589,7 +650,7 @@ RADIC_START_DATA static radic_main_fn program_main;
 static int radic_main(int argc, char **argv, char **envp)
 {
 	if (wants_go && getpid() == radic_owner_pid)
-		radic_load_go();
+		radic_load_go(argv + argc + 1);
 	return program_main(argc, argv, envp);
 }
 

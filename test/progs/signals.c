@@ -10,6 +10,8 @@
  *   chld-section   SIGCHLD blocked around fork + child exit (bash does this):
  *                  the handler must run on the main thread, after the unblock
  *   signalfd       SIGUSR1 blocked, sent with kill(), read from a signalfd
+ *   runtime-sigs   the same for the faults and SIGURG (which Go's runtime
+ *                  keeps unblocked on its threads unless told otherwise)
  *   chld-signalfd  SIGCHLD blocked, read from a signalfd after a child exits
  *   chld-sigwait   the same with sigtimedwait
  *   term-sigwait   SIGTERM blocked, sent with kill(), taken with sigwait
@@ -108,6 +110,34 @@ static void sigusr_signalfd(int rounds)
 			got++;
 	}
 	out("signalfd: %d/%d SIGUSR1 read", got, rounds);
+}
+
+/* The signals Go's runtime keeps for itself on its threads (the faults, and
+ * SIGURG for preemption), sent to the process with kill() and sigqueue()
+ * while the program blocks them and reads them from a signalfd: a Go
+ * thread that took one crashed the process (a "fault" that was no fault)
+ * or swallowed it (SIGURG, as a preemption request). */
+static void runtime_sigs(int rounds)
+{
+	static const int sigs[] = {SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV, SIGURG};
+	sigset_t s;
+	sigemptyset(&s);
+	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		sigaddset(&s, sigs[i]);
+	CHECK(sigprocmask(SIG_BLOCK, &s, NULL) == 0, "sigprocmask");
+	int fd = CHECK_SYS(signalfd(-1, &s, SFD_CLOEXEC));
+	int got = 0, sent = 0;
+	for (int r = 0; r < rounds; r++) {
+		for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++, sent++) {
+			if (r % 2 == 0)
+				CHECK_SYS(kill(getpid(), sigs[i]));
+			else
+				CHECK_SYS(sigqueue(getpid(), sigs[i], (union sigval){.sival_int = r}));
+			if (read_signalfd(fd, 2000) == sigs[i])
+				got++;
+		}
+	}
+	out("runtime-sigs: %d/%d ILL, TRAP, BUS, FPE, SEGV and URG read", got, sent);
 }
 
 static void chld_wait(int rounds, int use_fd)
@@ -340,6 +370,8 @@ int main(int argc, char **argv)
 	int rounds = argc > 2 ? atoi(argv[2]) : 1;
 	if (strcmp(c, "chld-section") == 0)
 		chld_section(rounds);
+	else if (strcmp(c, "runtime-sigs") == 0)
+		runtime_sigs(rounds);
 	else if (strcmp(c, "signalfd") == 0)
 		sigusr_signalfd(rounds);
 	else if (strcmp(c, "chld-signalfd") == 0)

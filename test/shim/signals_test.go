@@ -60,6 +60,7 @@ func TestSignals(t *testing.T) {
 	}{
 		{"chld-section", 150},
 		{"signalfd", 200},
+		{"runtime-sigs", 40},
 		{"chld-signalfd", 200},
 		{"chld-sigwait", 200},
 		{"term-sigwait", 200},
