@@ -373,14 +373,14 @@ __attribute__((constructor(101))) static void radic_init(void)
  * Go's threads must not take the program's signals. Loading Go with every
  * signal blocked (radic_load_go) keeps all of them blocked on every thread
  * the runtime starts, except the ones its signal table marks "always
- * unblock" (_SigUnblock): the synchronous faults, which the runtime turns
- * into panics, and SIGURG, its preemption signal (unless asynchronous
- * preemption is off: radic_load_go turns it off), but
- * also SIGCHLD, SIGPROF, SIGSTKFLT and signal 34 (musl's
- * SIGSYNCCALL; SIGRTMIN in glibc), which a library runtime does not: it
- * installs no handler for them, so one taken by a Go thread runs the
- * program's handler there, or its default action, while the program has it
- * blocked (bash's SIGCHLD, a sigwait, a signalfd). Nothing in Go's API
+ * unblock" (_SigUnblock), and SIGURG, its preemption signal, unless
+ * asynchronous preemption is off (godebug_lend turns it off). The table's
+ * list: the synchronous faults, which the runtime turns into panics, and
+ * SIGCHLD, SIGPROF, SIGSTKFLT and signal 34 (musl's SIGSYNCCALL; SIGRTMIN
+ * in glibc), for which a library runtime installs no handler: one taken by
+ * a Go thread runs the program's handler there, or its default action (a
+ * fault: Go's handler, which crashes), while the program has it blocked
+ * (bash's SIGCHLD, a sigwait, a signalfd). Nothing in Go's API
  * changes that table, so it is changed here, in the freshly mapped library,
  * before the runtime starts its first thread: the runtime's initializer
  * starts that thread with pthread_create, which this library interposes.
