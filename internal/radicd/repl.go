@@ -61,6 +61,8 @@ const (
 	replQueue = 64
 	// replMaxErr bounds the error text of an ack.
 	replMaxErr = 1024
+	// replReadBuf is the protector's read buffer per stream.
+	replReadBuf = 64 << 10
 )
 
 // LogStable says when a batch of the log is stable on a protector.
@@ -832,7 +834,11 @@ func (d *Daemon) handleReplicaStream(w http.ResponseWriter, r *http.Request) {
 	}
 	log := d.log.With("protected_node", id)
 	log.Debug("log stream from node opened", "remote", c.RemoteAddr().String())
-	err = d.readReplStream(rc, brw.Reader, lw)
+	// The server's reader buffers 4 KiB: a frame larger than that (a
+	// hold's batch is a header and ~4 KiB of records under Jacobi) took
+	// two reads. Reading through a larger buffer takes what has arrived
+	// in one system call (dear on this VM: each one traps).
+	err = d.readReplStream(rc, bufio.NewReaderSize(brw.Reader, replReadBuf), lw)
 	log.Debug("log stream from node closed", "err", err)
 }
 
