@@ -414,10 +414,13 @@ func spareProcs() {
 // Jacobi under --recovery (4 netns nodes, uprobes on runtime.retake):
 // 229 retakes/s over the 4 radicds, sysmon woken ~9,500 times/s, a third
 // of radicd's context switches, and each woken drain found its P gone
-// (exitsyscall's slow path: another thread woken to run it). A yield
-// every drainYield moves the tick, at the cost of one scheduler pass per
-// drainYield, not per hold: 20 retakes/s, sysmon ~1,500 wake-ups/s.
-const drainYield = 5 * time.Millisecond
+// (exitsyscall's slow path: another thread woken to run it). A yield at
+// most every drainYield (under sysmon's 10 ms) moves the tick, at the
+// cost of one scheduler pass per drainYield, not per hold: 8-35
+// retakes/s, sysmon ~1,500 wake-ups/s. A yield is not free (Gosched
+// wakes a spinning thread: ~2.5 futex calls); 5 ms gave the same retakes
+// for more yields (600-650/s over 4 rings, against 430/s at 8 ms).
+const drainYield = 8 * time.Millisecond
 
 // logInflight bounds the batches of one ring shipped and not yet stable:
 // the drain ships the next while earlier ones are on their way.
