@@ -241,7 +241,7 @@ func mapLogRing(reg logRegistration) (*logRing, error) {
 	if err != nil {
 		return fail("cannot map it: %v", err)
 	}
-	r := &logRing{reg: reg, mem: mem, pidfd: -1, retry: make(chan struct{}, 1), room: make(chan struct{}, 1), free: make(chan []byte, 2*logInflight)}
+	r := &logRing{reg: reg, mem: mem, pidfd: -1, retry: make(chan struct{}, 1), room: make(chan struct{}, 1), free: make(chan []byte, logFree)}
 	hdr := func(off int) uint64 { return atomic.LoadUint64(r.u64(off)) }
 	size := hdr(logring.OffDataSize)
 	switch {
@@ -402,6 +402,26 @@ func spareProcs() {
 	}
 }
 
+// drainYield: how often a ring's drain passes through the scheduler.
+//
+// The drain never blocks in Go: it sleeps in FUTEX_WAIT (a system call)
+// and, woken, keeps its P and goes on, hold after hold, without a
+// reschedule. To the runtime's sysmon it is then one goroutine running on
+// the same schedule tick for ever: every time sysmon looks (10 ms after
+// it last saw the tick move) it "preempts" it by taking its P away in the
+// system call (runtime.retake), hands the P to another thread, and, since
+// it took a P, drops its own polling period back to 20 us. Measured on
+// Jacobi under --recovery (4 netns nodes, uprobes on runtime.retake):
+// 229 retakes/s over the 4 radicds, sysmon woken ~9,500 times/s, a third
+// of radicd's context switches, and each woken drain found its P gone
+// (exitsyscall's slow path: another thread woken to run it). A yield at
+// most every drainYield (under sysmon's 10 ms) moves the tick, at the
+// cost of one scheduler pass per drainYield, not per hold: 8-35
+// retakes/s, sysmon ~1,500 wake-ups/s. A yield is not free (Gosched
+// wakes a spinning thread: ~2.5 futex calls); 5 ms gave the same retakes
+// for more yields (600-650/s over 4 rings, against 430/s at 8 ms).
+const drainYield = 8 * time.Millisecond
+
 // logInflight bounds the batches of one ring shipped and not yet stable:
 // the drain ships the next while earlier ones are on their way.
 const logInflight = 8
@@ -460,7 +480,13 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 	var nextIdx uint64
 	idle := false     // woken (by the doorbell or the timeout) since the last drain
 	checkExit := true // a sleep timed out: is the process gone? (a system call, not paid per hold)
+	lastYield := time.Now()
 	for ctx.Err() == nil {
+		if now := time.Now(); now.Sub(lastYield) >= drainYield {
+			// See drainYield.
+			runtime.Gosched()
+			lastYield = now
+		}
 		head := atomic.LoadUint64(r.u64(logring.OffHead))
 		if head == r.sent && checkExit && r.exited() {
 			if atomic.LoadUint64(r.u64(logring.OffHead)) == r.sent {
@@ -508,7 +534,7 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 		default:
 		}
 		if cap(body) < size {
-			body = make([]byte, 0, max(size, 64<<10))
+			body = make([]byte, 0, bodyCap(size))
 		}
 		var payload uint64
 		if err == nil {
@@ -535,8 +561,35 @@ func (lr *logRings) routineLogRing(ctx context.Context, r *logRing) {
 	}
 }
 
+// Batch bodies: how many stored ones a ring keeps for reuse, and the
+// size under which one is a small allocation.
+//
+// A body is reused only once every protector has stored it, which with
+// --log-stable memory is up to logWriteDelay after it was stable: a ring
+// that holds every few hundred microseconds (Jacobi's halo exchange) has
+// tens of bodies waiting for their store at any time. With 16 kept and
+// each new body 64 KiB (a large allocation: zeroed, fresh pages, page
+// faults), allocating them was 7% of radicd's CPU under Jacobi (perf). A
+// small batch now gets a small body (Go's size classes, from its caches),
+// and up to logFree are kept, of which at most 2*logInflight large.
+const (
+	logFree      = 64
+	logBodySmall = 16 << 10
+)
+
+// bodyCap is the capacity of a new body for size bytes.
+func bodyCap(size int) int {
+	if size <= logBodySmall {
+		return logBodySmall
+	}
+	return max(size, 64<<10)
+}
+
 // recycle takes back a body every protector has stored.
 func (r *logRing) recycle(body []byte) {
+	if cap(body) > logBodySmall && len(r.free) >= 2*logInflight {
+		return // a few large ones are enough
+	}
 	select {
 	case r.free <- body[:0]:
 	default:

@@ -2,11 +2,17 @@ package safebench_test
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/radic-project/radic/internal/testenv"
 )
+
+// jacobiRE: rank 0's time in its iterations (jacobi --verbose, stderr).
+var jacobiRE = regexp.MustCompile(`jacobi\[rank 0\]: block .* iterations in ([0-9.]+) s`)
 
 // BenchmarkRecoveryOverhead measures pessimistic logging (`radic run
 // --recovery`: every received byte stored on the rank's protector before
@@ -22,31 +28,44 @@ import (
 // RADIC_BENCH_RUNS sets the runs per kind (default 5); RADIC_BENCH_BW_MIB
 // the bytes per bandwidth run (default 256 MiB: a run with recovery moves
 // them at tens of MB/s).
+//
+// A third row is build/apps/jacobi, two ranks (node 0 and node 1), the
+// workload of `make demo` (256x256, 1-D strips; RADIC_BENCH_JACOBI_ITERS
+// iterations, default 12000): the time rank 0 spends in its iterations
+// (--verbose), a halo exchange and so one log hold per rank and
+// iteration; goal <= 1.10x bare.
 func BenchmarkRecoveryOverhead(b *testing.B) {
 	requireBench(b)
 	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 3)
 	bwMiB := envCount(b, "RADIC_BENCH_BW_MIB", 256, 16)
+	jIters := envCount(b, "RADIC_BENCH_JACOBI_ITERS", 12000, 100)
 	c := newCluster(b)
+	jacobi := testenv.Artifact(b, "build/apps/jacobi")
 	load := loadAvg()
 	const iters = 5000
 	latArgs := []string{"lat", "--iters", strconv.Itoa(iters)}
 	bwArgs := []string{"bw", "--bytes", strconv.Itoa(bwMiB << 20), "--chunk", strconv.Itoa(bwChunk)}
+	jArgs := []string{"--nx", "256", "--ny", "256", "--decomp", "1d", "--iters", strconv.Itoa(jIters), "--verbose"}
 	kinds := []string{"bare", "no-recovery", "recovery"}
 	flags := [][]string{{"--no-radic"}, {"--no-recovery"}, {"--recovery"}}
-	var rtt, bw [3][]float64
+	var rtt, bw, jac [3][]float64
 	t0 := time.Now()
 	for i := 0; i < 3*runs; i++ {
 		k := (i + i/3) % 3 // rotate the order every round
-		args := append(append([]string{"run", "--np", "2", "--nodes", "0,1", "--tag-output"}, flags[k]...), "--", c.prog)
+		run := append(append([]string{"run", "--np", "2", "--nodes", "0,1", "--tag-output"}, flags[k]...), "--")
+		args := append(append([]string(nil), run...), c.prog)
 		out := c.runRaw(append(append([]string(nil), args...), latArgs...)...)
 		rtt[k] = append(rtt[k], parseFloat(b, latRE, out)[0])
 		out = c.runRaw(append(append([]string(nil), args...), bwArgs...)...)
 		bw[k] = append(bw[k], parseFloat(b, bwRE, out)[0])
+		out = c.runRaw(append(append(append([]string(nil), run...), jacobi), jArgs...)...)
+		jac[k] = append(jac[k], parseFloat(b, jacobiRE, out)[0])
 	}
 	var det strings.Builder
 	for k, name := range kinds {
 		fmt.Fprintf(&det, "%-11s round trip, median of each run (us): %s\n", name, fmts(rtt[k], 1))
 		fmt.Fprintf(&det, "%-11s bandwidth of each run (MB/s):        %s\n", name, fmts(bw[k], 0))
+		fmt.Fprintf(&det, "%-11s Jacobi, rank 0's iterations (s):     %s\n", name, fmts(jac[k], 2))
 	}
 	var t strings.Builder
 	fmt.Fprintf(&t, "\n### Pessimistic logging (recovery) vs safe sockets vs bare TCP, node 0 <-> node 1 (netns)\n\n")
@@ -59,8 +78,12 @@ func BenchmarkRecoveryOverhead(b *testing.B) {
 		iters, lb, ln, lr, lr/lb, yesNo(lr/lb <= 3))
 	fmt.Fprintf(&t, "| bandwidth, 1 MiB writes, %d MiB one way | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.2f | >= 0.5 | %s |\n",
 		bwMiB, bb, bn, br, br/bb, yesNo(br/bb >= 0.5))
+	jb, jn, jr := median(jac[0]), median(jac[1]), median(jac[2])
+	fmt.Fprintf(&t, "| Jacobi 256x256 1-D, %d iterations, 2 ranks (s) | %.2f s | %.2f s | %.2f s | %.2f | <= 1.10 | %s |\n",
+		jIters, jb, jn, jr, jr/jb, yesNo(jr/jb <= 1.10))
 	fmt.Fprintf(&t, "\nThe runs, in the order run:\n\n```\n%s```\n", det.String())
 	fmt.Print(t.String())
 	b.ReportMetric(lr/lb, "recovery-rtt-ratio")
 	b.ReportMetric(br/bb, "recovery-bw-ratio")
+	b.ReportMetric(jr/jb, "recovery-jacobi-ratio")
 }
