@@ -1,0 +1,349 @@
+package radicd_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/radic-project/radic/internal/clustertest"
+	"github.com/radic-project/radic/internal/testenv"
+)
+
+// The recovery campaign (issue 10, "What must be shown"): Jacobi and the
+// master/worker farm under `radic run --recovery` on a cluster of 4 nodes
+// and 1 spare with --fence-kill, a fault at a seeded random moment of the
+// run (early: during start-up; late: near the end; or in between), and
+// every run must end with status 0 and the fault-free output (the apps'
+// own lines: the digest line; radic's lines — safe sockets, recovery
+// events — are not compared). The fault-free output is the reference run's
+// on the first cluster; every run is bounded by campTimeout.
+//
+// The seed is RADIC_SEED if set, else the clock; it is logged first, so
+// that `RADIC_SEED=<seed> go test ./test/radicd -run TestRecoveryCampaign`
+// replays the same faults at the same moments (on the same workloads; the
+// moments are fractions of the reference run's duration). By default one
+// run per case and app; with RADIC_SOAK=1 (testenv.Long) ten.
+
+// campTimeout bounds one run: a recovered run of the campaign's workloads
+// takes a few seconds.
+const campTimeout = 90 * time.Second
+
+// campApp is a program of the campaign and its workload (a few seconds
+// under --recovery on 4 netns nodes).
+type campApp struct {
+	name string
+	args []string // after the binary
+}
+
+func campApps(t *testing.T) []campApp {
+	return []campApp{
+		{"jacobi", []string{testenv.Artifact(t, "build/apps/jacobi"), "--nx", "128", "--ny", "128", "--iters", "600", "--decomp", "1d"}},
+		{"farm", []string{testenv.Artifact(t, "build/apps/farm"), "--tasks", "256", "--width", "256", "--maxiter", "6000"}},
+	}
+}
+
+// campRun is the `radic run` arguments of app on np ranks (on nodes, if
+// given: "0,1,2").
+func campRun(t *testing.T, app campApp, np int, nodes string) []string {
+	args := []string{"--np", strconv.Itoa(np), "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so")}
+	if nodes != "" {
+		args = append(args, "--nodes", nodes)
+	}
+	return append(append(args, "--"), app.args...)
+}
+
+// radicLine is a line of radic's own: the shim's (radic[pid]: ...) on a
+// rank's stderr, and radic run's (events, errors).
+var radicLine = regexp.MustCompile(`^(\[rank \d+\] )?radic(\[\d+\]| run)?:`)
+
+// appLines are the lines of out that the application printed, in order.
+func appLines(out string) string {
+	var b strings.Builder
+	for l := range strings.SplitSeq(out, "\n") {
+		if l != "" && !radicLine.MatchString(l) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// recoveredLine is radic run's event of a finished recovery.
+var recoveredLine = regexp.MustCompile(`(?m)^radic run: .* restarted on node \d+ in [0-9.]+ s.*; live again`)
+
+// campSeed is RADIC_SEED, or the clock's; logged.
+func campSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("RADIC_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("RADIC_SEED=%q is not a number: %v", s, err)
+		}
+		seed = v
+	}
+	t.Logf("RADIC_SEED=%d (set it to replay these faults at these moments)", seed)
+	return seed
+}
+
+// campMoment draws when the fault comes, as a fraction of a fault-free
+// run: kind 0 early (the first 5%: the ranks starting, connecting), 1 in
+// the middle, 2 late (the last 15%).
+func campMoment(rng *rand.Rand, kind int) float64 {
+	switch kind % 3 {
+	case 0:
+		return 0.05 * rng.Float64()
+	case 1:
+		return 0.05 + 0.80*rng.Float64()
+	default:
+		return 0.85 + 0.15*rng.Float64()
+	}
+}
+
+var momentNames = [3]string{"early", "middle", "late"}
+
+// campJob is one run of the campaign under way.
+type campJob struct {
+	c     *netnsCluster
+	out   *lockedBuffer
+	start time.Time
+	done  chan int
+}
+
+func (c *netnsCluster) startCamp(args ...string) *campJob {
+	out, wait := c.startJob(args...)
+	j := &campJob{c: c, out: out, start: time.Now(), done: make(chan int, 1)}
+	go func() { j.done <- wait() }()
+	return j
+}
+
+// ended reports whether the job has ended (its status is kept for wait).
+func (j *campJob) ended() bool {
+	select {
+	case code := <-j.done:
+		j.done <- code
+		return true
+	default:
+		return false
+	}
+}
+
+// sleepUntil sleeps until d after the job's start, or until it ends; it
+// reports whether the job still runs.
+func (j *campJob) sleepUntil(d time.Duration) bool {
+	for time.Since(j.start) < d {
+		if j.ended() {
+			return false
+		}
+		time.Sleep(min(10*time.Millisecond, d-time.Since(j.start)))
+	}
+	return !j.ended()
+}
+
+// fault runs `radic fault ARGS...`; a fault that comes when the job has
+// already ended may fail (kill-rank of an exited rank): that is logged,
+// not failed.
+func (j *campJob) fault(t *testing.T, args ...string) {
+	t.Helper()
+	at := time.Since(j.start)
+	o, err := j.c.radic(append([]string{"fault"}, args...)...)
+	switch {
+	case err != nil && j.ended():
+		t.Logf("%s at %v: the job had ended (%v: %s)", strings.Join(args, " "), at.Round(time.Millisecond), err, strings.TrimSpace(o))
+	case err != nil:
+		t.Fatalf("radic fault %s: %v\n%s", strings.Join(args, " "), err, o)
+	default:
+		t.Logf("radic fault %s at %v", strings.Join(args, " "), at.Round(time.Millisecond))
+	}
+}
+
+// waitRecovered waits until radic run has printed n finished recoveries
+// (or the job ended).
+func (j *campJob) waitRecovered(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(campTimeout)
+	for len(recoveredLine.FindAllString(j.out.String(), -1)) < n {
+		if j.ended() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d recovery events within %v:\n%s", n, campTimeout, j.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// check waits for the job (campTimeout at most) and compares its status
+// and output with the fault-free run's.
+func (j *campJob) check(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case code := <-j.done:
+		got := appLines(j.out.String())
+		if code != 0 || got != want {
+			t.Fatalf("status %d after %v, application's output:\n%s\nwant:\n%s\nwhole output:\n%s",
+				code, time.Since(j.start).Round(time.Millisecond), got, want, j.out.String())
+		}
+		t.Logf("status 0 and the fault-free output after %v; %d recovery events", time.Since(j.start).Round(time.Millisecond),
+			len(recoveredLine.FindAllString(j.out.String(), -1)))
+	case <-time.After(campTimeout - time.Since(j.start)):
+		t.Fatalf("the job did not end within %v:\n%s", campTimeout, j.out.String())
+	}
+}
+
+// TestRecoveryCampaign: see the comment above campTimeout. Cases, each
+// for both apps:
+//
+//	kill-node     a compute node dies (its ranks restart on the spare)
+//	kill-rank     one rank is SIGKILLed (its group restarts in place)
+//	two-failures  a node dies, and once radic run has printed the end of
+//	              its recovery another node dies (the spare that took the
+//	              first one's ranks, possibly: then they restart again)
+//	protector     the job runs on nodes 0-2; node 3, which runs no rank but
+//	              holds node 2's critical data, dies
+//	freeze        a compute node hangs for 2 s, longer than detection
+//	              (0.6 s): it fences itself, its ranks restart on the spare
+//	partition     2 compute nodes cut off from the other 3 nodes (until
+//	              the job ends): the minority fences, the majority restarts
+//	              its ranks
+//
+// A case that loses a node runs on a fresh cluster (a cluster that lost a
+// node has one compute node less, or no spare).
+func TestRecoveryCampaign(t *testing.T) {
+	seed := campSeed(t)
+	runs := 1
+	if testenv.Long() {
+		runs = 10
+	}
+	ref := newNetnsCluster(t, 4, "--spares", "1", "--fence-kill")
+	ref.dumpReplayLogs()
+	apps := campApps(t)
+	want := map[string]string{}
+	dur := map[string]time.Duration{}
+	for _, app := range apps {
+		start := time.Now()
+		code, out := ref.runJob(campRun(t, app, 4, "")...)
+		dur[app.name] = time.Since(start)
+		want[app.name] = appLines(out)
+		if code != 0 || !strings.Contains(want[app.name], "digest=") {
+			t.Fatalf("%s fault-free: status %d, output:\n%s", app.name, code, out)
+		}
+		t.Logf("%s fault-free in %v: %s", app.name, dur[app.name].Round(time.Millisecond), strings.TrimSpace(want[app.name]))
+	}
+	// fresh is a new cluster for a case that loses nodes (the reference
+	// cluster serves the cases that lose none).
+	fresh := func(t *testing.T) *netnsCluster {
+		c := newNetnsCluster(t, 4, "--spares", "1", "--fence-kill")
+		c.dumpReplayLogs()
+		return c
+	}
+	type run struct {
+		rng  *rand.Rand // this run's own: a run replays alone (-run .../farm/3)
+		app  campApp
+		at   time.Duration // the (first) fault's moment after the start
+		kind int
+	}
+	cases := []struct {
+		name string
+		f    func(t *testing.T, r run)
+	}{
+		{"kill-node", func(t *testing.T, r run) {
+			c := fresh(t)
+			node := r.rng.IntN(4)
+			t.Logf("kill-node %d at %v (%s)", node, r.at, momentNames[r.kind%3])
+			j := c.startCamp(campRun(t, r.app, 4, "")...)
+			if j.sleepUntil(r.at) {
+				j.fault(t, "kill-node", strconv.Itoa(node))
+			}
+			j.check(t, want[r.app.name])
+		}},
+		{"kill-rank", func(t *testing.T, r run) {
+			c := ref.with(t)
+			rank := r.rng.IntN(4)
+			t.Logf("kill-rank %d at %v (%s)", rank, r.at, momentNames[r.kind%3])
+			j := c.startCamp(campRun(t, r.app, 4, "")...)
+			clustertest.WaitRanks(t, c.dir, 4) // a rank that is not started cannot be killed
+			if j.sleepUntil(r.at) {
+				j.fault(t, "kill-rank", strconv.Itoa(rank))
+			}
+			j.check(t, want[r.app.name])
+		}},
+		{"two-failures", func(t *testing.T, r run) {
+			c := fresh(t)
+			first := r.rng.IntN(4)
+			var second []int
+			for n := range 5 {
+				if n != first {
+					second = append(second, n)
+				}
+			}
+			other := second[r.rng.IntN(len(second))]
+			gap := time.Duration(r.rng.IntN(500)) * time.Millisecond
+			t.Logf("kill-node %d at %v (%s), kill-node %d %v after its recovery", first, r.at, momentNames[r.kind%3], other, gap)
+			j := c.startCamp(campRun(t, r.app, 4, "")...)
+			if j.sleepUntil(r.at) {
+				j.fault(t, "kill-node", strconv.Itoa(first))
+				j.waitRecovered(t, 1)
+				if time.Sleep(gap); !j.ended() {
+					j.fault(t, "kill-node", strconv.Itoa(other))
+				} else {
+					t.Logf("the job ended before the second fault")
+				}
+			}
+			j.check(t, want[r.app.name])
+		}},
+		{"protector", func(t *testing.T, r run) {
+			c := fresh(t)
+			t.Logf("kill-node 3 (protector of node 2, no rank) at %v (%s)", r.at, momentNames[r.kind%3])
+			j := c.startCamp(campRun(t, r.app, 3, "0,1,2")...)
+			if j.sleepUntil(r.at) {
+				j.fault(t, "kill-node", "3")
+			}
+			j.check(t, want[r.app.name])
+		}},
+		{"freeze", func(t *testing.T, r run) {
+			c := fresh(t)
+			node := r.rng.IntN(4)
+			t.Logf("freeze %d for 2s at %v (%s)", node, r.at, momentNames[r.kind%3])
+			j := c.startCamp(campRun(t, r.app, 4, "")...)
+			if j.sleepUntil(r.at) {
+				j.fault(t, "freeze", strconv.Itoa(node), "--for", "2s")
+			}
+			j.check(t, want[r.app.name])
+		}},
+		{"partition", func(t *testing.T, r run) {
+			c := fresh(t)
+			a := r.rng.IntN(4)
+			b := (a + 1 + r.rng.IntN(3)) % 4
+			pair := []int{a, b}
+			slices.Sort(pair)
+			t.Logf("partition %d,%d from the other 3 nodes at %v (%s)", pair[0], pair[1], r.at, momentNames[r.kind%3])
+			j := c.startCamp(campRun(t, r.app, 4, "")...)
+			if j.sleepUntil(r.at) {
+				j.fault(t, "partition", fmt.Sprintf("%d,%d", pair[0], pair[1]))
+			}
+			j.check(t, want[r.app.name])
+		}},
+	}
+	for ci, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for ai, app := range apps {
+				for i := range runs {
+					// Early, middle and late in turn, shifted by the case
+					// and the app, so that one run each covers all three.
+					kind := ci + ai + i
+					rng := rand.New(rand.NewPCG(seed, uint64(ci<<16|ai<<8|i)))
+					at := time.Duration(campMoment(rng, kind) * float64(dur[app.name])).Round(time.Millisecond)
+					t.Run(fmt.Sprintf("%s/%d", app.name, i), func(t *testing.T) {
+						tc.f(t, run{rng: rng, app: app, at: at, kind: kind})
+					})
+				}
+			}
+		})
+	}
+}
