@@ -175,6 +175,15 @@ func Run(o Options) (int, error) {
 		sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
 		defer scancel()
 		if err := startRank(sctx, clients[r], job, r); err != nil {
+			if recovery && Unreachable(err) {
+				// Its node may have died since the rank was created:
+				// its launch record is with its protectors, which
+				// restart it; the follower finds it there (or gives
+				// it up after followLost, as any rank out of reach).
+				logf("radic run: rank %d on node %d: %v; following it (restarted elsewhere if its node died)", r, o.Ranks[r].Node, err)
+				running[r] = true
+				return
+			}
 			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, err)
 			return
 		}

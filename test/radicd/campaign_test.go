@@ -389,8 +389,6 @@ var knownDefects = []struct {
 	what    string
 	re, and *regexp.Regexp // and: nil, or must match too
 }{
-	{"jobrun.Run (internal/jobrun/jobrun.go, step 3) gives up on a rank whose node died between its launch and its start, although under --recovery its protector restarts it (its launch record is stored): the job is stopped with status 1",
-		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*start rank \d+: unreachable: .*; stopping the job`), nil},
 	{"a node whose heartbeat fenced it (killing its ranks) restarts them in place as crashed ranks (protector Machine.Exited: the machine is not told of the heartbeat's fence, internal/radicd/daemon.go onEvent), while the ring restarts them on the spare: two copies, then no copy radic run can follow",
 		regexp.MustCompile(`radic run: rank \d+: not restarted within`),
 		regexp.MustCompile(`radic run: a rank of node \d+ died at [0-9:.]+; rank \d+ restarted on node \d+`)},
