@@ -389,7 +389,9 @@ var knownDefects = []struct {
 	what    string
 	re, and *regexp.Regexp // and: nil, or must match too
 }{
-	{"a node whose heartbeat fenced it (killing its ranks) restarts them in place as crashed ranks (protector Machine.Exited: the machine is not told of the heartbeat's fence, internal/radicd/daemon.go onEvent), while the ring restarts them on the spare: two copies, then no copy radic run can follow",
+	{"radic run gives up the job when a node dies while its rank is being launched (jobrun.Run step 1: launch unreachable is an error to start the job, even when the launch got through and the protector restarts the rank)",
+		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*launch rank \d+: unreachable`), nil},
+	{"a node whose heartbeat fenced it (killing its ranks) restarts them in place as crashed ranks (protector Machine.Exited: the machine is not told of the heartbeat's fence, internal/radicd/daemon.go onEvent), while the ring restarts them on the spare: two copies, then no copy radic run can follow (TestFenceIsNotACrash)",
 		regexp.MustCompile(`radic run: rank \d+: not restarted within`),
 		regexp.MustCompile(`radic run: a rank of node \d+ died at [0-9:.]+; rank \d+ restarted on node \d+`)},
 	{shimLinesDefect, regexp.MustCompile(`diverged after its restart: its stderr differs`), nil},

@@ -1,6 +1,7 @@
 package jobrun
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/radic-project/radic/internal/launch"
 )
@@ -104,5 +106,50 @@ func TestRunStartOnANodeThatDied(t *testing.T) {
 	defer mu.Unlock()
 	if err != nil || code != 0 {
 		t.Fatalf("Run = %d, %v; want 0 (rank 1 restarted on node 0 and exited 0); radic run said:\n%s", code, err, strings.Join(logs, "\n"))
+	}
+}
+
+// TestFollowerAsksEveryDaemon: node 0 was cut off from the ring (fenced)
+// but still answers radic run, with the placements it had then; node 1
+// knows that rank 0 was restarted on node 2. The follower must learn the
+// move, not keep what the first daemon to answer says. (Found by
+// TestRecoveryCampaign/partition: "rank 0: not restarted within 30s"
+// while it ran on the spare.)
+func TestFollowerAsksEveryDaemon(t *testing.T) {
+	answer := func(rank0 launch.RankLoc) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_ = json.NewEncoder(w).Encode(launch.JobRecovery{Job: "j-1", Ranks: []launch.RankLoc{rank0}})
+		}))
+	}
+	srv := []*httptest.Server{
+		answer(launch.RankLoc{Job: "j-1", Rank: 0, Group: 0, Node: 0}),
+		answer(launch.RankLoc{Job: "j-1", Rank: 0, Group: 0, Node: 2, Epoch: 1}),
+	}
+	for _, s := range srv {
+		defer s.Close()
+	}
+	at := func(n int) *Client {
+		return &Client{Node: n, HTTP: NewHTTPClient(), Daemons: func(n int) (string, error) {
+			if n >= len(srv) {
+				return "", fmt.Errorf("node %d: no daemon", n)
+			}
+			return srv[n].Listener.Addr().String(), nil
+		}}
+	}
+	f := &follower{job: "j-1", nodes: []int{0, 1}, at: at, wh: []*where{newWhere(0)}, logf: func(string, ...any) {},
+		failed: make(chan error, 1), since: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go f.run(ctx)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if n, e, _ := f.wh[0].get(); n == 2 && e == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			n, e, _ := f.wh[0].get()
+			t.Fatalf("rank 0 is followed on node %d at epoch %d after 3 s; want node 2, epoch 1 (node 1's answer)", n, e)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
