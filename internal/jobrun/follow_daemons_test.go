@@ -21,9 +21,10 @@ import (
 // opens its gate), and node 0 says that rank 1 was restarted on it at
 // epoch 1 and has exited 0, as its protector would have done.
 type fakeDaemons struct {
-	srv  [2]*httptest.Server
-	mu   sync.Mutex
-	dead bool // node 1
+	srv    [2]*httptest.Server
+	mu     sync.Mutex
+	dead   bool      // node 1
+	diedAt time.Time // node 1
 }
 
 func (f *fakeDaemons) handler(node int) http.HandlerFunc {
@@ -46,7 +47,7 @@ func (f *fakeDaemons) handler(node int) http.HandlerFunc {
 			if node == 1 {
 				// The node dies once the answer is out.
 				f.mu.Lock()
-				f.dead = true
+				f.dead, f.diedAt = true, time.Now()
 				f.mu.Unlock()
 			}
 		case r.Method == http.MethodPost && len(p) == 6 && p[5] == "start":
@@ -62,8 +63,12 @@ func (f *fakeDaemons) handler(node int) http.HandlerFunc {
 			w.Header().Set(launch.HeaderOffset, r.URL.Query().Get("from"))
 			w.Header().Set(launch.HeaderEOF, "1")
 		case r.Method == http.MethodGet && len(p) == 4 && p[1] == "recovery":
+			f.mu.Lock()
+			ev := launch.RecoveryEvent{Group: 1, Cause: "node", From: 1, To: 0, Epoch: 1, Start: f.diedAt, Seconds: 0.5}
+			f.mu.Unlock()
 			_ = json.NewEncoder(w).Encode(launch.JobRecovery{Job: p[3], Ranks: []launch.RankLoc{
-				{Job: p[3], Rank: 0, Group: 0, Node: 0}, {Job: p[3], Rank: 1, Group: 1, Node: 0, Epoch: 1}}})
+				{Job: p[3], Rank: 0, Group: 0, Node: 0}, {Job: p[3], Rank: 1, Group: 1, Node: 0, Epoch: 1}},
+				Events: []launch.RecoveryEvent{ev}})
 		case r.Method == http.MethodDelete:
 			w.WriteHeader(http.StatusNoContent)
 		default:
@@ -106,6 +111,11 @@ func TestRunStartOnANodeThatDied(t *testing.T) {
 	defer mu.Unlock()
 	if err != nil || code != 0 {
 		t.Fatalf("Run = %d, %v; want 0 (rank 1 restarted on node 0 and exited 0); radic run said:\n%s", code, err, strings.Join(logs, "\n"))
+	}
+	// The node died before radic run began to follow the job: its
+	// recovery is this job's all the same, and is printed.
+	if !strings.Contains(strings.Join(logs, "\n"), "rank 1 restarted on node 0 in 0.50 s; live again") {
+		t.Errorf("no recovery event printed; radic run said:\n%s", strings.Join(logs, "\n"))
 	}
 }
 

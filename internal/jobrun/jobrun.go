@@ -148,6 +148,9 @@ func Run(o Options) (int, error) {
 		wg.Wait()
 	}
 
+	// Recoveries from here on are this job's (a node may die while its
+	// ranks are created or started: see step 3).
+	begun := time.Now()
 	// Step 1: create every rank, held at its gate.
 	started := make([]launch.Started, np)
 	errs := make([]error, np)
@@ -212,7 +215,7 @@ func Run(o Options) (int, error) {
 	diverged := make(chan error, 2*np)
 	var fol *follower
 	if recovery {
-		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1), since: time.Now()}
+		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1), since: begun}
 		go fol.run(ctx)
 	}
 	for r, ok := range running {
