@@ -109,10 +109,11 @@ var momentNames = [3]string{"early", "middle", "late"}
 
 // campJob is one run of the campaign under way.
 type campJob struct {
-	c     *netnsCluster
-	out   *lockedBuffer
-	start time.Time
-	done  chan int
+	c      *netnsCluster
+	out    *lockedBuffer
+	start  time.Time
+	done   chan int
+	faults int // injected while the job ran
 }
 
 func (c *netnsCluster) startCamp(args ...string) *campJob {
@@ -166,6 +167,7 @@ func (j *campJob) fault(t *testing.T, args ...string) {
 	case err != nil:
 		t.Fatalf("radic fault %s: %v\n%s", strings.Join(args, " "), err, o)
 	default:
+		j.faults++
 		t.Logf("radic fault %s at %v", strings.Join(args, " "), at.Round(time.Millisecond))
 	}
 }
@@ -202,8 +204,8 @@ func (j *campJob) check(t *testing.T, want string) {
 			t.Fatalf("status %d after %v, application's output:\n%s\nwant:\n%s\nwhole output:\n%s",
 				code, time.Since(j.start).Round(time.Millisecond), got, want, j.out.String())
 		}
-		t.Logf("status 0 and the fault-free output after %v; %d recovery events", time.Since(j.start).Round(time.Millisecond),
-			len(recoveredLine.FindAllString(j.out.String(), -1)))
+		t.Logf("status 0 and the fault-free output after %v; %d faults injected while it ran, %d recovery events", time.Since(j.start).Round(time.Millisecond),
+			j.faults, len(recoveredLine.FindAllString(j.out.String(), -1)))
 	case <-time.After(campTimeout - time.Since(j.start)):
 		t.Fatalf("the job did not end within %v:\n%s", campTimeout, j.out.String())
 	}
@@ -394,5 +396,8 @@ var knownDefects = []struct {
 	{"a node whose heartbeat fenced it (killing its ranks) restarts them in place as crashed ranks (protector Machine.Exited: the machine is not told of the heartbeat's fence, internal/radicd/daemon.go onEvent), while the ring restarts them on the spare: two copies, then no copy radic run can follow (TestFenceIsNotACrash)",
 		regexp.MustCompile(`radic run: rank \d+: not restarted within`),
 		regexp.MustCompile(`radic run: a rank of node \d+ died at [0-9:.]+; rank \d+ restarted on node \d+`)},
+	{"a group whose ranks have all exited 0 is restarted when its node dies afterwards (the protector does not know they finished, and their log is gone: the restarted rank re-executes from nothing and cannot reconnect to a master that closed its listener); radic run, still following the rank's earlier node, had not collected its exit",
+		regexp.MustCompile(`connect to rank \d+: Connection refused \(gave up after`),
+		regexp.MustCompile(`restarted on node \d+ in [0-9.]+ s[^\n]*\n(.*\n)*.*restarted on node \d+ in`)},
 	{shimLinesDefect, regexp.MustCompile(`diverged after its restart: its stderr differs`), nil},
 }
