@@ -172,6 +172,33 @@ func (j *campJob) fault(t *testing.T, args ...string) {
 	}
 }
 
+// hosted reports whether the job (the cluster's newest) placed a rank on
+// node: a node killed before the placement hosts none, and its death is
+// no recovery.
+func (j *campJob) hosted(node int) bool {
+	s := j.c.state()
+	if len(s.Jobs) == 0 {
+		return false
+	}
+	for _, r := range s.Jobs[len(s.Jobs)-1].Ranks {
+		if r.Node == node {
+			return true
+		}
+	}
+	return false
+}
+
+// wantRecovered checks, after check, that the death of node, if it came
+// while the job ran and the node hosted a rank, was announced by radic
+// run (a recovery that nobody is told of is not transparent: it is
+// unobservable).
+func (j *campJob) wantRecovered(t *testing.T, node int) {
+	t.Helper()
+	if j.faults > 0 && j.hosted(node) && !recoveredLine.MatchString(j.out.String()) {
+		t.Errorf("node %d, which hosted a rank, died while the job ran, and radic run printed no recovery:\n%s", node, j.out.String())
+	}
+}
+
 // waitRecovered waits until radic run has printed n finished recoveries
 // (or the job ended).
 func (j *campJob) waitRecovered(t *testing.T, n int) {
@@ -281,6 +308,7 @@ func TestRecoveryCampaign(t *testing.T) {
 				j.fault(t, "kill-node", strconv.Itoa(node))
 			}
 			j.check(t, want[r.app.name])
+			j.wantRecovered(t, node)
 		}},
 		{"kill-rank", func(t *testing.T, r run) {
 			c := ref.with(t)
@@ -316,6 +344,7 @@ func TestRecoveryCampaign(t *testing.T) {
 				}
 			}
 			j.check(t, want[r.app.name])
+			j.wantRecovered(t, first)
 		}},
 		{"protector", func(t *testing.T, r run) {
 			c := fresh(t)
