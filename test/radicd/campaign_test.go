@@ -274,13 +274,21 @@ func TestRecoveryCampaign(t *testing.T) {
 	apps := campApps(t)
 	want := map[string]string{}
 	dur := map[string]time.Duration{}
+	// Twice each, the shorter run's time as the duration the moments are
+	// fractions of: on a loaded machine one run can take twice another,
+	// and a "late" fault measured on the slow one comes after the end.
 	for _, app := range apps {
-		start := time.Now()
-		code, out := ref.runJob(campRun(t, app, 4, "")...)
-		dur[app.name] = time.Since(start)
-		want[app.name] = appLines(out)
-		if code != 0 || !strings.Contains(want[app.name], "digest=") {
-			t.Fatalf("%s fault-free: status %d, output:\n%s", app.name, code, out)
+		for try := range 2 {
+			start := time.Now()
+			code, out := ref.runJob(campRun(t, app, 4, "")...)
+			took := time.Since(start)
+			if code != 0 || !strings.Contains(appLines(out), "digest=") || (try > 0 && appLines(out) != want[app.name]) {
+				t.Fatalf("%s fault-free (run %d): status %d, output:\n%s", app.name, try, code, out)
+			}
+			if try == 0 || took < dur[app.name] {
+				dur[app.name] = took
+			}
+			want[app.name] = appLines(out)
 		}
 		t.Logf("%s fault-free in %v: %s", app.name, dur[app.name].Round(time.Millisecond), strings.TrimSpace(want[app.name]))
 	}
