@@ -436,7 +436,7 @@ var knownDefects = []struct {
 	{"a group whose ranks have all exited 0 is restarted when its node dies afterwards (the protector does not know they finished, and their log is gone: the restarted rank re-executes from nothing and cannot reconnect to a master that closed its listener); radic run, still following the rank's earlier node, had not collected its exit",
 		regexp.MustCompile(`connect to rank \d+: Connection refused \(gave up after`),
 		regexp.MustCompile(`restarted on node \d+ in [0-9.]+ s[^\n]*\n(.*\n)*.*restarted on node \d+ in`)},
-	{"the farm's master (select() over its workers, first come first served) restarted after kill-rank 0 regenerates other task assignments than its first run: DIVERGENCE on a worker's connection within the bytes that worker had received (the replay of its select/recv determinants does not reproduce the first run; root cause not found)",
+	{"the farm's master restarted after kill-rank 0 accepts its workers' connections in another order than its first run (the replayed accepts return the stand-ins in the order they reach the app's listener, not in the logged accept order: first run 2:0, 1:0, 3:0; replay 1:0, 3:0, 2:0), so its fds name other workers, its replayed select results and receives go to the wrong ones, and it regenerates other task assignments: DIVERGENCE on a worker's connection",
 		regexp.MustCompile(`DIVERGENCE: process \d+, connection \d+:\d+: the regenerated stream differs`), nil},
 	{shimLinesDefect, regexp.MustCompile(`diverged after its restart: its stderr differs`), nil},
 }
