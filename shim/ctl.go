@@ -802,9 +802,15 @@ func (c *conn) reconnect(gen uint32) {
 		}
 		if inFlight < maxDials && time.Since(last) >= dialEvery {
 			last = time.Now()
-			ctl := c.peerCtl()
 			inFlight++
 			go func() {
+				// Where to dial is looked up here, not in the loop: a
+				// lookup can take a radicd's timeout (the listener's
+				// node is dead and radicd asks it first), and a dialed
+				// stream waiting that long for its handshake is dropped
+				// by the peer's control listener: no resume ever got
+				// through (TestReplayBothNodesInTurn).
+				ctl := c.peerCtl()
 				fd := int(C.radic_sock_dial(ip4(ctl.Addr()), C.uint16_t(ctl.Port()), C.int(dialTimeout.Milliseconds())))
 				if fd < 0 {
 					debugf("connection %s: dial %s: %v", c, ctl, syscall.Errno(-fd))
@@ -833,14 +839,20 @@ func (c *conn) peerCtl() netip.AddrPort {
 	if c.initiator && recoveryOn() {
 		// The peer process may have been restarted (recovery): its new
 		// control listener is on another port, registered with its
-		// listener (paddr).
-		// While the peer's node is down its daemon cannot answer
-		// (503): its last control address is as good a guess as any,
-		// and the next dial asks again.
-		loc, err := c.s.loc.lookup(c.paddr)
+		// listener (paddr). The listener may be closed by now (an app
+		// that closes it once its peers are in, as Jacobi does, and a
+		// restarted one that replays the close): its last process is
+		// still the peer, found on the host it was restarted on. (With
+		// a lookup among open listeners only, the peer of a process
+		// restarted on a spare was looked for at its dead node's
+		// address for ever: the reconnect phase timed out.) While the
+		// peer's node is down its daemon may not answer: its last
+		// control address is as good a guess as any, and the next
+		// dial asks again.
+		loc, err := c.s.loc.lookupAny(c.paddr)
 		if err != nil {
 			debugf("connection %s: where the peer listens now is not known yet: %v", c, err)
-		} else if loc.Managed {
+		} else if loc.Managed || loc.Closed {
 			if a, err := netip.ParseAddrPort(loc.Ctl); err == nil && a != ctl && (loc.Moved || a.Port() != ctl.Port()) {
 				debugf("connection %s: the peer's control listener is now at %s", c, a)
 				if !loc.Moved {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -183,6 +184,22 @@ func (l *locator) locate(ap netip.AddrPort) (location, bool) {
 		return location{}, false
 	}
 	return loc, loc.Managed
+}
+
+// lookupAny is lookup that also answers for a closed listener, from this
+// daemon's table (which every registration reaches, and which answers
+// while the listener's node is down), quietly: for a reconnect, which
+// knows the peer is managed.
+func (l *locator) lookupAny(ap netip.AddrPort) (location, error) {
+	loc, err := l.lookup(ap)
+	if err == nil && loc.Managed {
+		return loc, nil
+	}
+	var local location
+	if err2 := l.get("/v1/locate", url.Values{"job": {l.job}, "addr": {ap.String()}, "local": {"1"}}, &local); err2 != nil {
+		return location{}, errors.Join(err, err2)
+	}
+	return local, nil
 }
 
 // lookup asks the daemon where the listener ap is now.

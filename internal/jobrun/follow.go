@@ -269,30 +269,61 @@ const followEvery = 250 * time.Millisecond
 func (f *follower) run(ctx context.Context) {
 	t := time.NewTicker(followEvery)
 	defer t.Stop()
-	good := 0 // index in nodes of the last daemon that answered
+	good := -1 // the node whose answer was learned last
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		var jr launch.JobRecovery
-		var err error
-		for i := range f.nodes {
-			n := f.nodes[(good+i)%len(f.nodes)]
-			qctx, cancel := context.WithTimeout(ctx, time.Second)
-			jr, err = f.at(n).Recovery(qctx, f.job)
-			cancel()
-			if err == nil {
-				good = (good + i) % len(f.nodes)
-				break
+		// Every daemon is asked, and the most advanced answer wins: a
+		// daemon that answers is not always one that knows (a node cut
+		// off from the ring, fenced, still answers radic run, with the
+		// placements it had when it was cut off: radic run, asking it
+		// first, never learned that the ranks had moved).
+		nodes := slices.Clone(f.nodes)
+		answers := make([]*launch.JobRecovery, len(nodes))
+		var wg sync.WaitGroup
+		for i, n := range nodes {
+			wg.Go(func() {
+				qctx, cancel := context.WithTimeout(ctx, time.Second)
+				defer cancel()
+				if jr, err := f.at(n).Recovery(qctx, f.job); err == nil {
+					answers[i] = &jr
+				}
+			})
+		}
+		wg.Wait()
+		best := -1
+		for i, jr := range answers {
+			if jr == nil {
+				continue
+			}
+			if best < 0 || newerRecovery(*jr, *answers[best]) || (!newerRecovery(*answers[best], *jr) && nodes[i] == good) {
+				best = i
 			}
 		}
-		if err != nil {
+		if best < 0 {
 			continue
 		}
-		f.learn(jr)
+		good = nodes[best]
+		f.learn(*answers[best])
 	}
+}
+
+// newerRecovery reports whether a knows of later instances of the job's
+// ranks than b (their epochs summed), or of as many and more recoveries.
+func newerRecovery(a, b launch.JobRecovery) bool {
+	sum := func(jr launch.JobRecovery) (s uint64) {
+		for _, l := range jr.Ranks {
+			s += l.Epoch
+		}
+		return s
+	}
+	if sa, sb := sum(a), sum(b); sa != sb {
+		return sa > sb
+	}
+	return len(a.Events) > len(b.Events)
 }
 
 // learn applies what a daemon said.

@@ -148,6 +148,9 @@ func Run(o Options) (int, error) {
 		wg.Wait()
 	}
 
+	// Recoveries from here on are this job's (a node may die while its
+	// ranks are created or started: see step 3).
+	begun := time.Now()
 	// Step 1: create every rank, held at its gate.
 	started := make([]launch.Started, np)
 	errs := make([]error, np)
@@ -175,6 +178,15 @@ func Run(o Options) (int, error) {
 		sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
 		defer scancel()
 		if err := startRank(sctx, clients[r], job, r); err != nil {
+			if recovery && Unreachable(err) {
+				// Its node may have died since the rank was created:
+				// its launch record is with its protectors, which
+				// restart it; the follower finds it there (or gives
+				// it up after followLost, as any rank out of reach).
+				logf("radic run: rank %d on node %d: %v; following it (restarted elsewhere if its node died)", r, o.Ranks[r].Node, err)
+				running[r] = true
+				return
+			}
 			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, err)
 			return
 		}
@@ -203,7 +215,7 @@ func Run(o Options) (int, error) {
 	diverged := make(chan error, 2*np)
 	var fol *follower
 	if recovery {
-		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1), since: time.Now()}
+		fol = &follower{job: job, nodes: nodes, at: at, wh: wh, logf: logf, failed: make(chan error, 1), since: begun}
 		go fol.run(ctx)
 	}
 	for r, ok := range running {

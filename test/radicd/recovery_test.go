@@ -300,3 +300,49 @@ func TestRestartLostRank(t *testing.T) {
 		}
 	})
 }
+
+// TestFenceIsNotACrash: node 1's link is down for 0.7 s: its heartbeat
+// fences it after 0.4 s and kills its rank, before its protector's own
+// fence timeout (1 s) and before the link returns. Those exits are not
+// crashes to restart in place (kill-rank): the ring restarts the rank on
+// the spare, and only there. (Found by TestRecoveryCampaign/freeze under
+// load: node 1, fenced by its heartbeat, restarted its rank itself four
+// times while the spare ran it too; radic run lost track of it.)
+//
+// Open defect (skipped): node 1's protector machine is not told of its
+// heartbeat's fence (internal/radicd/daemon.go onEvent feeds EventFence
+// to nobody; recovery.go onRingEvent ignores it), so the exits of the
+// ranks the fence killed reach Machine.Exited as crashes and the group is
+// restarted by node 1 itself (cause "process"). When node 1's fence
+// announcement reaches the ring (declared with cause=fenced), the ring
+// restarts the group on the spare too: two copies (the campaign's
+// freeze/farm run). Telling the machine (Declared(self)) before the kill
+// is not enough alone: then a cut shorter than DeclareTimeout (1.5 s) but
+// longer than the heartbeat's fence timeout (0.4 s) leaves the group
+// restarted nowhere, because the others never confirm a node that came
+// back with a new incarnation without its fence announcement (this test
+// then ends with "rank 1: not restarted within 30s"). Both halves are
+// needed: the fenced node never restarts in place, and its return after
+// a fence (a new incarnation) confirms its death to the ring.
+func TestFenceIsNotACrash(t *testing.T) {
+	t.Skip("open defect: a node fenced by its heartbeat restarts its killed ranks in place as crashes (protector machine not told of the fence); see the comment")
+	c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+	run := []string{"--np", "2", "--tag-output", "--no-radic", "--recovery", "--", "/bin/sh", "-c", counter}
+	out, wait := c.startJob(run...)
+	clustertest.WaitRanks(t, c.dir, 2)
+	waitOutput(t, out, "r1 8\n")
+	if o, err := c.radic("fault", "cut-link", "1", "--for", "700ms"); err != nil {
+		t.Fatalf("cut-link 1: %v\n%s", err, o)
+	}
+	code := waitJob(t, wait)
+	got, _ := counterLines(out.String())
+	if code != 0 || got != counterWant() {
+		t.Fatalf("status %d, numbered lines:\n%s\nwhole output:\n%s", code, got, out.String())
+	}
+	if strings.Contains(out.String(), "a rank of node 1 died") {
+		t.Errorf("node 1 restarted its fenced rank itself:\n%s", out.String())
+	}
+	if !regexp.MustCompile(`radic run: node 1 died at [0-9:.]+; rank 1 restarted on node 2 in [0-9.]+ s; live again\n`).MatchString(out.String()) {
+		t.Errorf("no recovery of rank 1 on the spare:\n%s", out.String())
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -303,5 +304,58 @@ func TestReplayDivergence(t *testing.T) {
 				t.Errorf("no DIVERGENCE line naming the connection and offset in the restarted rank's log:\n%s", log)
 			}
 		})
+	}
+}
+
+// TestReplayBothNodesInTurn: the accepting rank's node dies; once its rank
+// runs again on the spare (having replayed the close of its listener:
+// the stream checker closes it once its peer is in, as Jacobi and the farm
+// do), the connecting rank's node dies too. The restarted connecting rank
+// must find its peer where it runs now, on the spare, although the
+// listener it connected to is closed and the listener's own node is dead.
+// (Found by TestRecoveryCampaign/two-failures: the shim looked for the
+// peer's control port among open listeners only, fell back to the dead
+// node's address, and the recovery timed out in its reconnect phase.)
+func TestReplayBothNodesInTurn(t *testing.T) {
+	c := newNetnsCluster(t, 3, "--spares", "1", "--fence-kill")
+	c.dumpReplayLogs()
+	// The shims of the first instances log to a file, not to the ranks'
+	// stderr: rank 1's shim says that its connection broke and resumed
+	// when rank 0 dies, and its restarted instance (whose shim logs to a
+	// file of radicd's) would regenerate a stderr without those lines,
+	// which radic run takes for a divergence (shimLinesDefect).
+	c.env = append(cloneEnv(c.env), "RADIC_LOG_FILE="+filepath.Join(c.dir, "shim-first-instances.log"))
+	// 48 MiB at 4 MiB/s: both ranks still stream when the second node
+	// dies (a rank that has printed its "done" line, which holds its run
+	// time, would regenerate another one: a divergence).
+	run := streamRun(t, "blocking")
+	run[slices.Index(run, "16M")] = "48M"
+	code, out := c.runJob(run...)
+	want := okLines(out)
+	if code != 0 || strings.Count(want, "stream ok") != 2 {
+		t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
+	}
+	base := c.logBytes(1) // rank 0's protector
+	job, wait := c.startJob(run...)
+	clustertest.WaitRanks(t, c.dir, 2)
+	c.waitLogged(1, base, 2<<20)
+	if o, err := c.radic("fault", "kill-node", "0"); err != nil {
+		t.Fatalf("kill-node 0: %v\n%s", err, o)
+	}
+	first := regexp.MustCompile(`rank 0 restarted on node 3 in [0-9.]+ s.*; live again`)
+	for deadline := time.Now().Add(30 * time.Second); !first.MatchString(job.String()); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery of rank 0 on node 3 within 30 s:\n%s", job.String())
+		}
+	}
+	if o, err := c.radic("fault", "kill-node", "1"); err != nil {
+		t.Fatalf("kill-node 1: %v\n%s", err, o)
+	}
+	code = waitJob(t, wait)
+	if got := okLines(job.String()); code != 0 || got != want {
+		t.Fatalf("status %d, stream ok lines:\n%s\nwant:\n%s\nwhole output:\n%s", code, got, want, job.String())
+	}
+	if !regexp.MustCompile(`rank 1 restarted on node 2 in [0-9.]+ s.*; live again`).MatchString(job.String()) {
+		t.Errorf("no recovery event of rank 1 on node 2:\n%s", job.String())
 	}
 }
