@@ -341,6 +341,22 @@ func (m *Machine) Declared(now time.Time, id NodeID, fenced bool) {
 	m.step(now)
 }
 
+// Rejoined: id, which the ring had declared dead, came back as a new
+// incarnation. A radicd only does that after it fenced itself (its job
+// killed) or restarted (its job cgroup killed before it heartbeats), so
+// the old incarnation's processes are known to be gone: its death is
+// confirmed now. Without this a node cut off for longer than its fence
+// timeout but back before DeclareTimeout was seen again, never confirmed,
+// and the groups its fence had killed were restarted nowhere. (A first
+// join, never declared, changes nothing.)
+func (m *Machine) Rejoined(now time.Time, id NodeID) {
+	m.advance(now)
+	if n := m.nodes[id]; n != nil && id != m.self && n.declared && !n.dead {
+		n.fenced = true
+	}
+	m.step(now)
+}
+
 // Learn merges a placement announced by another node's machine.
 func (m *Machine) Learn(now time.Time, p Placement) {
 	m.advance(now)

@@ -147,6 +147,39 @@ func TestConfirmRule(t *testing.T) {
 	}
 }
 
+// TestRejoinConfirms: node 2, declared dead (unreachable), is back in
+// reach before the declare timeout as a new incarnation: it fenced (or
+// restarted), so its groups are restarted elsewhere at once. A node that
+// joins without having been declared is not touched.
+func TestRejoinConfirms(t *testing.T) {
+	m := newMachine(t, baseConfig(3))
+	m.View(t0, []NodeID{0, 1, 4})
+	m.Declared(t0, 2, false)
+	m.View(t0.Add(300*time.Millisecond), []NodeID{0, 1, 2, 4}) // back, before the declare timeout
+	m.Tick(t0.Add(310 * time.Millisecond))
+	if !m.alive(2) {
+		t.Fatal("node 2 confirmed dead before it rejoined")
+	}
+	m.Rejoined(t0.Add(320*time.Millisecond), 2)
+	if m.alive(2) {
+		t.Error("node 2 came back as a new incarnation after it was declared: not confirmed dead")
+	}
+	var restart bool
+	for _, a := range m.Ready().Actions {
+		restart = restart || a.Kind == ActRestart
+	}
+	if !restart {
+		t.Error("no restart of node 2's group ordered (3 protects 2)")
+	}
+
+	m = newMachine(t, baseConfig(3))
+	m.View(t0, []NodeID{0, 1, 2, 4})
+	m.Rejoined(t0.Add(10*time.Millisecond), 1) // a first join
+	if !m.alive(1) {
+		t.Error("a node that joined without being declared was confirmed dead")
+	}
+}
+
 // A node cut off for less than FenceTimeout does not fence; the peers it
 // missed meanwhile kept their majority and did not fence either. Their
 // absence counts toward DeclareTimeout only from when this node's View

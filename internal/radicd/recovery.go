@@ -275,6 +275,8 @@ func (e *recoveryEdge) onRingEvent(ev heartbeat.Event) {
 		e.input(func(m *protector.Machine, now time.Time) { m.Suspect(now, ev.Node) })
 	case heartbeat.EventRefuted:
 		e.input(func(m *protector.Machine, now time.Time) { m.Refuted(now, ev.Node) })
+	case heartbeat.EventJoined:
+		e.input(func(m *protector.Machine, now time.Time) { m.Rejoined(now, ev.Node) })
 	case heartbeat.EventDeclared:
 		fenced := ev.Cause == heartbeat.CauseFenced || ev.Cause == heartbeat.CauseRestarted
 		e.input(func(m *protector.Machine, now time.Time) { m.Declared(now, ev.Node, fenced) })

@@ -430,8 +430,6 @@ var knownDefects = []struct {
 }{
 	{"radic run gives up the job when a node dies while its rank is being launched (jobrun.Run step 1: launch unreachable is an error to start the job, even when the launch got through and the protector restarts the rank)",
 		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*launch rank \d+: unreachable`), nil},
-	{"a node that fenced itself (heartbeat or protector) and comes back before the ring confirmed its death: either it restarts its killed ranks in place as crashes (the protector machine is not told of the heartbeat's fence, internal/radicd/daemon.go onEvent) while the ring restarts them on the spare (two copies), or, when the ring had not confirmed it yet (freeze or cut shorter than detection + DeclareTimeout, about 2 s), nobody restarts them; radic run ends with \"not restarted within 30s\" (TestFenceIsNotACrash)",
-		regexp.MustCompile(`radic run: rank \d+: not restarted within`), nil},
 	{"radic's own protocol bytes reach the application: during a partition at start-up the farm's master read \"RADI\" as a worker's hello (rank 1380009033 = 0x52414449); a connection one end treats as managed and the other as plain TCP (the shim falls back to plain TCP when a location lookup fails: \"treating it as plain TCP\")",
 		regexp.MustCompile(`unexpected connection from rank 1380009033`), nil},
 	{"a group whose ranks have all exited 0 is restarted when its node dies afterwards (the protector does not know they finished, and their log is gone: the restarted rank re-executes from nothing and cannot reconnect to a master that closed its listener); radic run, still following the rank's earlier node, had not collected its exit",

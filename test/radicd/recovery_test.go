@@ -309,23 +309,14 @@ func TestRestartLostRank(t *testing.T) {
 // load: node 1, fenced by its heartbeat, restarted its rank itself four
 // times while the spare ran it too; radic run lost track of it.)
 //
-// Open defect (skipped): node 1's protector machine is not told of its
-// heartbeat's fence (internal/radicd/daemon.go onEvent feeds EventFence
-// to nobody; recovery.go onRingEvent ignores it), so the exits of the
-// ranks the fence killed reach Machine.Exited as crashes and the group is
-// restarted by node 1 itself (cause "process"). When node 1's fence
-// announcement reaches the ring (declared with cause=fenced), the ring
-// restarts the group on the spare too: two copies (the campaign's
-// freeze/farm run). Telling the machine (Declared(self)) before the kill
-// is not enough alone: then a cut shorter than DeclareTimeout (1.5 s) but
-// longer than the heartbeat's fence timeout (0.4 s) leaves the group
-// restarted nowhere, because the others never confirm a node that came
-// back with a new incarnation without its fence announcement (this test
-// then ends with "rank 1: not restarted within 30s"). Both halves are
-// needed: the fenced node never restarts in place, and its return after
-// a fence (a new incarnation) confirms its death to the ring.
+// Both halves of the fix are needed: the fenced node's protector machine
+// is fenced by its heartbeat's fence before the kill (Machine.Fence), so
+// that it never restarts in place; and its return as a new incarnation
+// after a fence confirms its death to the ring (Machine.Rejoined), since a
+// cut shorter than DeclareTimeout (1.5 s) but longer than the heartbeat's
+// fence timeout (0.4 s) is otherwise never confirmed, and the rank is
+// restarted nowhere ("rank 1: not restarted within 30s").
 func TestFenceIsNotACrash(t *testing.T) {
-	t.Skip("open defect: a node fenced by its heartbeat restarts its killed ranks in place as crashes (protector machine not told of the fence); see the comment")
 	c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
 	run := []string{"--np", "2", "--tag-output", "--no-radic", "--recovery", "--", "/bin/sh", "-c", counter}
 	out, wait := c.startJob(run...)
