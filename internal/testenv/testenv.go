@@ -104,16 +104,24 @@ func Bench() bool { return os.Getenv("RADIC_BENCH") != "" }
 // replayed with TEST_SEED=<seed>.
 func Rand(t testing.TB) *rand.Rand {
 	t.Helper()
+	seed := Seed(t, "TEST_SEED")
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// Seed is the number in the environment variable name, or the clock's; it
+// is logged, so that a failure can be replayed with name=<seed>.
+func Seed(t testing.TB, name string) uint64 {
+	t.Helper()
 	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("TEST_SEED"); s != "" {
+	if s := os.Getenv(name); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			t.Fatalf("testenv: TEST_SEED=%q is not a number: %v", s, err)
+			t.Fatalf("testenv: %s=%q is not a number: %v", name, s, err)
 		}
 		seed = v
 	}
-	t.Logf("TEST_SEED=%d", seed)
-	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	t.Logf("%s=%d (set it to replay this run)", name, seed)
+	return seed
 }
 
 // Buffer is a bytes.Buffer that one writer (a command's output) and

@@ -3,7 +3,6 @@ package radicd_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -75,21 +74,6 @@ func appLines(out string) string {
 
 // recoveredLine is radic run's event of a finished recovery.
 var recoveredLine = regexp.MustCompile(`(?m)^radic run: .* restarted on node \d+ in [0-9.]+ s.*; live again`)
-
-// campSeed is RADIC_SEED, or the clock's; logged.
-func campSeed(t *testing.T) uint64 {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("RADIC_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("RADIC_SEED=%q is not a number: %v", s, err)
-		}
-		seed = v
-	}
-	t.Logf("RADIC_SEED=%d (set it to replay these faults at these moments)", seed)
-	return seed
-}
 
 // campMoment draws when the fault comes, as a fraction of a fault-free
 // run: kind 0 early (the first 5%: the ranks starting, connecting), 1 in
@@ -257,7 +241,7 @@ func (j *campJob) check(t *testing.T, want string) {
 // A case that loses a node runs on a fresh cluster (a cluster that lost a
 // node has one compute node less, or no spare).
 func TestRecoveryCampaign(t *testing.T) {
-	seed := campSeed(t)
+	seed := testenv.Seed(t, "RADIC_SEED")
 	runs := 1
 	if testenv.Long() {
 		runs = 10
