@@ -65,6 +65,10 @@ type Daemon struct {
 	// handled it (the protector's recovery hooks in here).
 	OnEvent func(heartbeat.Event)
 
+	// fenced: this node's protector fenced it; it launches nothing more
+	// until radicd restarts (launchgate.go; the ring's own fence is in
+	// its status, and ends when the node rejoins).
+	fenced  atomic.Bool
 	fenceMu sync.Mutex
 	// +checklocks:fenceMu
 	lastFence FenceReport

@@ -207,6 +207,14 @@ func (d *Daemon) handleLaunch(w http.ResponseWriter, r *http.Request) {
 			d.pushAll("/v1/recovery/ranks", []RankLoc{l})
 		}
 	}
+	// The pushes wait up to 2 s on a peer out of reach: a node cut off
+	// meanwhile may have fenced, killing the held process (launchGate).
+	if _, wait, err := d.gate(r.Context()); err != nil && !wait {
+		d.ranks.remove(k, p)
+		p.abort()
+		http.Error(w, fmt.Sprintf("launch rank %d of job %s: %v", rec.Rank, rec.Job, err), http.StatusServiceUnavailable)
+		return
+	}
 	time.AfterFunc(gateTimeout, func() {
 		p.mu.Lock()
 		held := p.state == launch.StateHeld
@@ -235,6 +243,14 @@ func (d *Daemon) storeLaunch(ctx context.Context, rec *launch.Record) ([]int, er
 	deadline := time.Now().Add(protectorWait)
 	d.waitRingFormed(ctx, deadline)
 	for {
+		before, wait, err := d.gate(ctx)
+		if err != nil {
+			if !wait || time.Now().After(deadline) || ctx.Err() != nil {
+				return nil, err
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
 		// A protector that just died holds a push until the ring
 		// declares it (under a second); then the ring names another.
 		actx, cancel := context.WithTimeout(ctx, storeAttempt)
@@ -245,7 +261,13 @@ func (d *Daemon) storeLaunch(ctx context.Context, rec *launch.Record) ([]int, er
 			ids[i] = int(p)
 		}
 		if err == nil {
-			return ids, nil
+			// The protectors stored to are the ring's only if the
+			// ring did not change meanwhile (launchGate's doc); else
+			// store again with the protectors it names now.
+			if after, _, err := d.gate(ctx); err == nil && after == before {
+				return ids, nil
+			}
+			continue
 		}
 		var he *httpError
 		noProt := errors.As(err, &he) && he.msg == "no protector alive"

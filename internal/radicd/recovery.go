@@ -195,7 +195,7 @@ func (e *recoveryEdge) machineConfig(ctx context.Context) (protector.Config, boo
 			}
 			// A radicd stalled this long is taken as frozen and fences:
 			// leave room for a loaded machine beyond the ring's timers.
-			c.FenceTimeout = max(2*e.d.cfg.Fence, time.Second)
+			c.FenceTimeout = e.d.settle()
 			c.FenceMargin = 500 * time.Millisecond
 			c.DeclareTimeout = c.FenceTimeout + c.FenceMargin
 			return c, true
@@ -309,6 +309,7 @@ func (e *recoveryEdge) execute(ctx context.Context, a protector.Action) {
 	switch a.Kind {
 	case protector.ActFence:
 		d.log.Warn("protector: fencing this node", "why", a.Err, "groups", a.Groups)
+		d.fenced.Store(true)
 		n, err := killCgroup(d.cfg.JobCgroup, 5*time.Second)
 		d.log.Warn("protector fence: job processes stopped", "killed", n, "err", err)
 	case protector.ActAnnounce:

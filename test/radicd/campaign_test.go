@@ -412,8 +412,8 @@ var knownDefects = []struct {
 	what    string
 	re, and *regexp.Regexp // and: nil, or must match too
 }{
-	{"radic run gives up the job when a node dies while its rank is being launched (jobrun.Run step 1: launch unreachable is an error to start the job, even when the launch got through and the protector restarts the rank)",
-		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*launch rank \d+: unreachable`), nil},
+	{"radic run gives up the job when a node dies or is cut off while its rank is being launched (jobrun.Run step 1: a launch unreachable, or refused by a node that lost its ring's majority (launchgate.go), is an error to start the job; the rank is not launched elsewhere)",
+		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*launch rank \d+: (unreachable|.*not a majority|.*is fenced)`), nil},
 	{"radic's own protocol bytes reach the application: during a partition at start-up the farm's master read \"RADI\" as a worker's hello (rank 1380009033 = 0x52414449); a connection one end treats as managed and the other as plain TCP (the shim falls back to plain TCP when a location lookup fails: \"treating it as plain TCP\")",
 		regexp.MustCompile(`unexpected connection from rank 1380009033`), nil},
 	{"a group whose ranks have all exited 0 is restarted when its node dies afterwards (the protector does not know they finished, and their log is gone: the restarted rank re-executes from nothing and cannot reconnect to a master that closed its listener); radic run, still following the rank's earlier node, had not collected its exit",
