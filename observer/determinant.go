@@ -27,8 +27,8 @@ const (
 	// at most 64, a sockaddr 128).
 	MaxValue = 4096
 	// MaxDeterminantLen bounds one encoded determinant: a full ready set
-	// (1 + 1 + 2 + 3 + MaxReady·(5+5) bytes) is the largest.
-	MaxDeterminantLen = 7 + MaxReady*10
+	// (1 + 1 + 2 + 3 + MaxReady·(5+5+10) bytes) is the largest.
+	MaxDeterminantLen = 7 + MaxReady*20
 )
 
 // Kind says which call a determinant answers. Zero is invalid, so that
@@ -105,9 +105,15 @@ func (c ValueCall) String() string {
 // ReadyFd is one entry of a ready set: an fd the call reported and its
 // events (poll revents, epoll events; select: 1 read, 4 write, 8 except,
 // as POLLIN, POLLOUT, POLLPRI).
+//
+// Conn names the managed connection the fd was, plus one (0: the fd of no
+// managed connection): a replay finds the connection by its id, since the
+// fd numbers of a re-executed process need not be its first run's (the
+// control plane's sockets take numbers at their own moments).
 type ReadyFd struct {
 	Fd     uint32
 	Events uint32
+	Conn   uint64
 }
 
 // Determinant is one decoded determinant. Which fields a kind uses:
@@ -282,7 +288,7 @@ func AppendDeterminant(b []byte, d *Determinant) ([]byte, error) {
 	case KindReady:
 		b = u(u(append(b, byte(d.ReadyCall)), uint64(d.Errno)), uint64(len(d.Ready)))
 		for _, r := range d.Ready {
-			b = u(u(b, uint64(r.Fd)), uint64(r.Events))
+			b = u(u(u(b, uint64(r.Fd)), uint64(r.Events)), r.Conn)
 		}
 	case KindValue:
 		b = u(u(append(b, byte(d.ValueCall)), d.Ref), uint64(len(d.Value)))
@@ -457,14 +463,15 @@ func DecodeDeterminant(b []byte) (Determinant, int, error) {
 			dec.fail("length", n, max, ErrFormat)
 		}
 		if dec.err == nil && n > 0 {
-			d.Ready = make([]ReadyFd, 0, min(n, uint64(len(b)/2)))
+			d.Ready = make([]ReadyFd, 0, min(n, uint64(len(b)/3)))
 			for range n {
 				fd := dec.uvarint("fd", 1<<32-1)
 				ev := dec.uvarint("events", 1<<32-1)
+				conn := dec.uvarint("conn", DeterminantStream)
 				if dec.err != nil {
 					break
 				}
-				d.Ready = append(d.Ready, ReadyFd{Fd: uint32(fd), Events: uint32(ev)})
+				d.Ready = append(d.Ready, ReadyFd{Fd: uint32(fd), Events: uint32(ev), Conn: conn})
 			}
 		}
 	case KindValue:

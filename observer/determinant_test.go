@@ -84,7 +84,8 @@ func TestDeterminantLayout(t *testing.T) {
 		{Determinant{Kind: KindConnect, Conn: 9, Peer: netip.MustParseAddrPort("10.0.0.2:80")}, []byte{0x13, 9, 0, 4, 10, 0, 0, 2, 0, 80}},
 		{Determinant{Kind: KindConnect, Errno: syscall.ECONNREFUSED}, []byte{0x13, 0, 111, 0}},
 		{Determinant{Kind: KindAccept, Port: 80, Conn: 9}, []byte{0x14, 80, 9, 0}},
-		{Determinant{Kind: KindReady, ReadyCall: ReadyEpoll, Ready: []ReadyFd{{4, 1}}}, []byte{0x15, 3, 0, 1, 4, 1}},
+		{Determinant{Kind: KindReady, ReadyCall: ReadyEpoll, Ready: []ReadyFd{{Fd: 4, Events: 1}}}, []byte{0x15, 3, 0, 1, 4, 1, 0}},
+		{Determinant{Kind: KindReady, ReadyCall: ReadyPoll, Ready: []ReadyFd{{Fd: 6, Events: 4, Conn: 1<<32 + 1}}}, []byte{0x15, 1, 0, 1, 6, 4, 0x81, 0x80, 0x80, 0x80, 0x10}},
 		{Determinant{Kind: KindValue, ValueCall: ValueGethostname, Value: []byte("n1")}, []byte{0x16, 2, 0, 2, 'n', '1'}},
 	} {
 		got, err := AppendDeterminant(nil, &tt.d)

@@ -19,6 +19,15 @@ type ConnReceives struct {
 // from its msglog records ([SplitReceives]).
 type ReceiveLog struct {
 	Conns map[uint64]*ConnReceives
+	// Accepts are the connections the process accepted, by the logical
+	// port it accepted them on, in the order its accepts returned them: a
+	// restarted process must be given them in that order (its accepts
+	// return whichever connection its peers resume first otherwise).
+	Accepts map[uint16][]uint64
+	// Ready are the process's polls and selects over managed fds, in
+	// call order (KindReady determinants): a restarted process's polls
+	// report what these did, until they are used up.
+	Ready []Determinant
 	// DetLen is the determinant stream's length: where the restarted
 	// process's own determinants continue.
 	DetLen uint64
@@ -37,8 +46,8 @@ var ErrReceiveLog = errors.New("observer: inconsistent receive log")
 // that had not returned). A connect or accept determinant names a
 // connection of the earlier run even when nothing was received on it (the
 // peer holds it: the restarted process resumes it rather than open another).
-// Determinants of other kinds are refused: this replay knows receives and
-// connections only.
+// Determinants of other kinds are refused: this replay knows receives,
+// connections and polls only.
 func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 	fail := func(format string, args ...any) (*ReceiveLog, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
@@ -88,12 +97,23 @@ func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 		if d.Kind == KindConnect || d.Kind == KindAccept {
 			if d.Errno == 0 {
 				get(d.Conn)
+				if d.Kind == KindAccept {
+					if log.Accepts == nil {
+						log.Accepts = map[uint16][]uint64{}
+					}
+					log.Accepts[d.Port] = append(log.Accepts[d.Port], d.Conn)
+				}
 			}
 			off += n
 			continue
 		}
+		if d.Kind == KindReady {
+			log.Ready = append(log.Ready, d)
+			off += n
+			continue
+		}
 		if d.Kind != KindRecv {
-			return fail("determinant at offset %d: %v (only receives and connections are replayed)", off, &d)
+			return fail("determinant at offset %d: %v (only receives, connections and polls are replayed)", off, &d)
 		}
 		c := get(d.Conn)
 		switch {

@@ -58,18 +58,31 @@ func TestSplitReceives(t *testing.T) {
 // before its first receive, opened a second connection 1:0 that its peer
 // never took).
 func TestSplitReceivesConnections(t *testing.T) {
-	const c1, c2 = 1<<32 | 0, 2<<32 | 3
+	const c1, c2, c3, c4 = 1<<32 | 0, 2<<32 | 3, 3<<32 | 0, 4<<32 | 1
 	d := dets(t,
 		Determinant{Kind: KindConnect, Conn: c1, Peer: netip.MustParseAddrPort("10.1.0.1:20100")},
-		Determinant{Kind: KindAccept, Conn: c2, Port: 20200},
+		Determinant{Kind: KindAccept, Conn: c4, Port: 20200},
 		Determinant{Kind: KindConnect, Conn: 9, Errno: syscall.ECONNREFUSED},
+		Determinant{Kind: KindAccept, Port: 20200, Errno: syscall.EAGAIN},
+		Determinant{Kind: KindAccept, Conn: c3, Port: 20300},
+		Determinant{Kind: KindReady, ReadyCall: ReadyPoll, Ready: []ReadyFd{{Fd: 4, Events: 1}}},
+		Determinant{Kind: KindAccept, Conn: c2, Port: 20200},
+		Determinant{Kind: KindReady, ReadyCall: ReadyPoll, Errno: syscall.EINTR},
 	)
 	got, err := SplitReceives([]msgrec.Record{{Kind: msgrec.KindDeterminant, Stream: DeterminantStream, Payload: d}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &ReceiveLog{DetLen: uint64(len(d)), Conns: map[uint64]*ConnReceives{c1: {}, c2: {}}}
-	if diff := cmp.Diff(want, got); diff != "" {
+	want := &ReceiveLog{DetLen: uint64(len(d)), Conns: map[uint64]*ConnReceives{c1: {}, c2: {}, c3: {}, c4: {}},
+		// In accept order, per port (not in id order); a failed accept
+		// returned no connection.
+		Accepts: map[uint16][]uint64{20200: {c4, c2}, 20300: {c3}},
+		// Polls in call order.
+		Ready: []Determinant{
+			{Kind: KindReady, ReadyCall: ReadyPoll, Ready: []ReadyFd{{Fd: 4, Events: 1}}},
+			{Kind: KindReady, ReadyCall: ReadyPoll, Errno: syscall.EINTR},
+		}}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
 		t.Errorf("SplitReceives (-want +got):\n%s", diff)
 	}
 }

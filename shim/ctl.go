@@ -174,7 +174,14 @@ func (p *pendingConn) hold(f frame, nc net.Conn) {
 // When the app has no listener there yet (a restarted process resumed by
 // its peer before it listened again), listen sends it (standInsFor).
 func (p *pendingConn) standIn(port uint16) {
-	for p.s.sendStandIn(p.id, port) == errNoListener {
+	p.mu.Lock()
+	if !p.s.replay.acceptTurn(port, p.id) {
+		p.stood = false // nextAccept sends it in its turn
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	for p.s.sendStandIn(p.id, port, nil) == errNoListener {
 		p.mu.Lock()
 		p.stood = false
 		p.mu.Unlock()
@@ -202,7 +209,7 @@ func (s *safeSockets) standInsFor(port uint16) {
 	s.mu.Unlock()
 	for _, p := range ps {
 		p.mu.Lock()
-		send := p.resume != nil && !p.stood && !p.adopted && p.resumeF.Listener == port
+		send := p.resume != nil && !p.stood && !p.adopted && p.resumeF.Listener == port && s.replay.acceptTurn(port, p.id)
 		if send {
 			p.stood = true
 		}
@@ -304,16 +311,17 @@ func (s *safeSockets) resumeOf(peer netip.AddrPort) (id uint64, from netip.Addr,
 // there, unaccepted, all along), whichever of the two the app accepts
 // second is not shown to it.
 type standIn struct {
-	id uint64
-	fd int // our end, until the app accepts the other
+	id   uint64
+	fd   int       // our end, until the app accepts the other
+	held *heldConn // the connection it stands in for was accepted out of turn (replay.go)
 }
 
 // errNoListener: the app does not listen on the port a stand-in is for.
 var errNoListener = errors.New("no listener")
 
-// sendStandIn connects a stand-in for connection id to the app's listener
-// on port. Errors other than errNoListener are logged here.
-func (s *safeSockets) sendStandIn(id uint64, port uint16) error {
+// sendStandIn connects a stand-in for connection id, or for held, to the
+// app's listener on port. Errors other than errNoListener are logged here.
+func (s *safeSockets) sendStandIn(id uint64, port uint16, held *heldConn) error {
 	s.mu.Lock()
 	lfd := -1
 	for fd, p := range s.listeners {
@@ -343,7 +351,7 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) error {
 	}
 	// Known before it can be accepted: the app may take it at once.
 	s.mu.Lock()
-	s.stand[netip.AddrPortFrom(to, uint16(from))] = &standIn{id: id, fd: fd}
+	s.stand[netip.AddrPortFrom(to, uint16(from))] = &standIn{id: id, fd: fd, held: held}
 	s.mu.Unlock()
 	if e := C.radic_sock_connect(C.int(fd), ip4(to), C.uint16_t(port), C.int(dialTimeout.Milliseconds())); e < 0 {
 		if s.takeStandIn(netip.AddrPortFrom(to, uint16(from))) == nil {
@@ -357,8 +365,49 @@ func (s *safeSockets) sendStandIn(id uint64, port uint16) error {
 		C.radic_sock_close(C.int(fd))
 		return syscall.Errno(-e)
 	}
-	logf("connection %d:%d: never reached the backlog; stand-in %s:%d sent to the app's listener", id>>32, uint32(id), to, from)
+	if held != nil {
+		debugf("connection %d:%d: its turn to be accepted; stand-in %s:%d sent to the app's listener", id>>32, uint32(id), to, from)
+	} else {
+		logf("connection %d:%d: never reached the backlog; stand-in %s:%d sent to the app's listener", id>>32, uint32(id), to, from)
+	}
 	return nil
+}
+
+// nextAccept: the app accepted connection id on port. During a replay,
+// the next logged connection's stand-in can go, or, after the last, the
+// connections held meanwhile.
+func (s *safeSockets) nextAccept(port uint16, id uint64) {
+	held := s.replay.acceptDone(port, id)
+	s.standInsFor(port)
+	if len(held) == 0 {
+		return
+	}
+	go func() {
+		for _, h := range held {
+			if s.sendStandIn(h.id, port, h) != nil {
+				logf("connection %d:%d: accepted while the logged accepts were made again, and the listener is gone now: closed", h.id>>32, uint32(h.id))
+				C.radic_sock_close(C.int(h.fd))
+			}
+		}
+	}()
+}
+
+// acceptHeld makes fd, a stand-in the app accepted, the held connection it
+// stands in for: the held socket takes fd's place.
+func (s *safeSockets) acceptHeld(fd int, st *standIn) bool {
+	if st.fd >= 0 {
+		C.radic_sock_close(C.int(st.fd))
+	}
+	h := st.held
+	if s.known(h.id) {
+		C.radic_sock_close(C.int(h.fd))
+		return false
+	}
+	if e := C.radic_sock_graft(C.int(h.fd), C.int(fd)); e < 0 {
+		logf("connection %d:%d: cannot put it under fd %d: %v; its peer sees it fail", h.id>>32, uint32(h.id), fd, syscall.Errno(-e))
+		return false
+	}
+	return s.acceptAs(fd, h)
 }
 
 func (s *safeSockets) takeStandIn(peer netip.AddrPort) *standIn {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -43,6 +44,10 @@ type replayState struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	resumed map[uint64]bool // logged connections resumed with their peer
+	// +checklocks:mu
+	accepts map[uint16][]uint64 // logged accepts the app has not made again, per port
+	// +checklocks:mu
+	held map[uint16][]*heldConn // connections accepted out of turn, per port
 }
 
 // fetchReplay gets this process's log from radicd.
@@ -82,8 +87,34 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 	for _, c := range log.Conns {
 		n += len(c.Data)
 	}
-	logf("restarted (epoch %d): replaying %d connections, %d bytes, %d determinant bytes", epoch, len(log.Conns), n, log.DetLen)
-	return &replayState{epoch: uint32(epoch), owner: owner, log: log, resumed: map[uint64]bool{}}, nil
+	logf("restarted (epoch %d): replaying %d connections, %d bytes, %d polls, %d determinant bytes", epoch, len(log.Conns), n, len(log.Ready), log.DetLen)
+	if err := replayPolls(log.Ready); err != nil {
+		return nil, err
+	}
+	accepts := map[uint16][]uint64{}
+	for port, ids := range log.Accepts {
+		accepts[port] = append([]uint64(nil), ids...)
+	}
+	return &replayState{epoch: uint32(epoch), owner: owner, log: log, resumed: map[uint64]bool{},
+		accepts: accepts, held: map[uint16][]*heldConn{}}, nil
+}
+
+// replayPolls hands C the logged polls (radic_replay_polls).
+func replayPolls(polls []observer.Determinant) error {
+	var v []uint32
+	for _, d := range polls {
+		v = append(v, uint32(d.Errno), uint32(len(d.Ready)))
+		for _, r := range d.Ready {
+			v = append(v, r.Fd, r.Events, uint32(r.Conn), uint32(r.Conn>>32))
+		}
+	}
+	if len(v) == 0 {
+		return nil
+	}
+	if C.radic_replay_polls((*C.uint32_t)(unsafe.Pointer(&v[0])), C.uint64_t(len(v))) < 0 {
+		return fmt.Errorf("out of memory for %d logged polls", len(polls))
+	}
+	return nil
 }
 
 // logged reports whether connection id has a log to replay.
@@ -117,6 +148,73 @@ func (r *replayState) attach(c *conn) {
 		c.attempt = r.epoch << 20
 	}
 	debugf("connection %s: replaying %d bytes, %d receives", c, len(cr.Data), len(cr.Results))
+}
+
+// Accept order. The app's accepts must return its logged connections in
+// the order they returned them before (a farm's master that numbers its
+// workers in accept order takes another path otherwise), but they come to
+// the listener in whatever order their initiators resume them, and
+// connections new since the log may come first. So a stand-in for a logged
+// connection goes to the listener only in its turn, and a new connection
+// the app accepts before the logged ones are all given back is taken from
+// it (held) and sent again, through a stand-in, after them.
+
+// heldConn is a connection accepted out of turn: our duplicate of its
+// socket, and what its hello said.
+type heldConn struct {
+	fd      int
+	id      uint64
+	paddr   netip.AddrPort // the initiator's logical address
+	ctlAddr netip.AddrPort // its control listener
+}
+
+// acceptTurn reports whether connection id may be given to an accept on
+// port now: no logged accept on port is still to come, or id is the next.
+func (r *replayState) acceptTurn(port uint16, id uint64) bool {
+	if r == nil {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.accepts[port]
+	return len(q) == 0 || q[0] == id
+}
+
+// holdUnlessTurn holds h, accepted on port, unless it is its turn.
+func (r *replayState) holdUnlessTurn(port uint16, h *heldConn) bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if q := r.accepts[port]; len(q) == 0 || q[0] == h.id {
+		return false
+	}
+	r.held[port] = append(r.held[port], h)
+	return true
+}
+
+// acceptDone notes that the app accepted connection id on port. When that
+// was the last logged accept on port, it returns the connections held
+// meanwhile, in the order they came.
+func (r *replayState) acceptDone(port uint16, id uint64) []*heldConn {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.accepts[port]
+	if len(q) == 0 || q[0] != id {
+		return nil
+	}
+	if q = q[1:]; len(q) > 0 {
+		r.accepts[port] = q
+		return nil
+	}
+	delete(r.accepts, port)
+	held := r.held[port]
+	delete(r.held, port)
+	return held
 }
 
 // resumedConn notes a logged connection resumed with its peer.

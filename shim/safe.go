@@ -491,6 +491,9 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 		return true
 	}
 	if st := s.takeStandIn(peer); st != nil {
+		if st.held != nil {
+			return s.acceptHeld(fd, st)
+		}
 		return s.acceptStandIn(fd, st)
 	}
 	// A peer we do not know as a node may be one that moved a moment
@@ -514,19 +517,46 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 	var paddr netip.AddrPort
 	var ctlPort uint16
 	deadline := time.Now().Add(wait)
+	fromNode := wait == helloWait
+	part := 0 // bytes of a hello seen
 	for {
 		left := min(time.Until(deadline), 50*time.Millisecond)
+		if left <= 0 && part > 0 && fromNode {
+			// Half a hello from a node of the job, then nothing: a
+			// managed connection whose initiator was cut off while it
+			// sent it. Shown as plain TCP, the app would read radic's
+			// bytes.
+			logf("fd %d from %s: %d bytes of a radic hello, then nothing for %v: its initiator broke off; not shown to the app (it resumes the connection or makes it again)", fd, peer, part, wait)
+			return false
+		}
 		if left <= 0 {
 			debugf("fd %d from %s: no radic hello within %v: plain TCP", fd, peer, wait)
 			return true
 		}
 		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), wire.HelloLen, C.int(left.Milliseconds()+1)))
+		if n < 0 && fromNode {
+			if rid, from, ok := s.resumeOf(peer); ok {
+				id, paddr = rid, netip.AddrPortFrom(from, peer.Port())
+				debugf("fd %d from %s: ended before its hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
+				break
+			}
+			// From a node of the job, ended (or reset) before its
+			// hello was whole: the initiator died or its node was
+			// cut off after its connect returned. Its connection is
+			// the app's only once the initiator (restarted, if it
+			// must be) resumes it, through a stand-in, or makes it
+			// again; shown now, it is an end of stream the app did
+			// not have in a run without the failure.
+			logf("fd %d from %s: ended (%v) after %d bytes of a radic hello: its initiator broke off; not shown to the app (it resumes the connection or makes it again)", fd, peer, syscall.Errno(-n), part)
+			return false
+		}
 		if n < 0 {
 			return true
 		}
 		if !wire.MayBeHello(buf[:n]) {
 			return true // someone else's protocol
 		}
+		part = n
 		if n == wire.HelloLen {
 			h, err := wire.ParseHello(buf[:])
 			if err != nil {
@@ -555,16 +585,32 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 		debugf("fd %d from %s: connection %d:%d is the app's already (through a stand-in): not shown to it", fd, peer, id>>32, uint32(id))
 		return false
 	}
-	c := s.newConn(fd, id, false, s.acceptedName(fd), paddr)
+	h := &heldConn{fd: -1, id: id, paddr: paddr, ctlAddr: netip.AddrPortFrom(peer.Addr(), ctlPort)}
+	if local, _ := sockName(fd, false); !s.replay.acceptTurn(local.Port(), id) {
+		// Our duplicate keeps it when the app's accept closes fd.
+		if h.fd = int(C.radic_sock_dup(C.int(fd))); h.fd >= 0 && s.replay.holdUnlessTurn(local.Port(), h) {
+			debugf("fd %d from %s: connection %d:%d came before the logged accepts on port %d: held until they are made again", fd, peer, id>>32, uint32(id), local.Port())
+			return false
+		}
+		if h.fd >= 0 {
+			C.radic_sock_close(C.int(h.fd))
+		}
+	}
+	return s.acceptAs(fd, h)
+}
+
+// acceptAs makes fd, which the app accepted, connection h.id.
+func (s *safeSockets) acceptAs(fd int, h *heldConn) bool {
+	c := s.newConn(fd, h.id, false, s.acceptedName(fd), h.paddr)
 	if c == nil {
 		return true
 	}
-	c.ctlAddr = netip.AddrPortFrom(peer.Addr(), ctlPort)
-	debugf("connection %s: accepted from %s", c, paddr)
-	if p := s.takePending(id); p != nil {
+	c.ctlAddr = h.ctlAddr
+	debugf("connection %s: accepted from %s", c, h.paddr)
+	if p := s.takePending(h.id); p != nil {
 		p.adopt(c)
 	}
-	s.retireStandIns(id)
+	s.retireStandIns(h.id)
 	return true
 }
 
@@ -643,6 +689,9 @@ func (s *safeSockets) newConn(fd int, id uint64, initiator bool, laddr, paddr ne
 	s.byID[id] = c
 	s.byPtr[cc] = c
 	s.mu.Unlock()
+	if !initiator && s.replay != nil {
+		s.nextAccept(laddr.Port(), id)
+	}
 	return c
 }
 

@@ -164,7 +164,8 @@ int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms)
 }
 
 /* Peeks at up to n bytes, waiting up to timeout_ms for the first; returns
- * how many are there (0 on timeout or end of stream), or -errno. */
+ * how many are there (0 on timeout), -EPIPE at the end of the stream, or
+ * -errno. */
 int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms)
 {
 	int e = wait_fd(fd, POLLIN, now_ms() + timeout_ms);
@@ -175,7 +176,7 @@ int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms)
 	ssize_t r = REAL(recv)(fd, p, n, MSG_PEEK | MSG_DONTWAIT);
 	if (r < 0)
 		return errno == EAGAIN ? 0 : -errno;
-	return (int)r;
+	return r == 0 && n > 0 ? -EPIPE : (int)r;
 }
 
 /* The local (peer=0) or remote address of fd; ip in network order. */
@@ -235,6 +236,19 @@ int radic_sock_dup(int fd)
 {
 	int r = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 64);
 	return r < 0 ? -errno : r;
+}
+
+int radic_sock_graft(int held, int fd)
+{
+	int nonblock = REAL(fcntl)(fd, F_GETFL) & O_NONBLOCK;
+	int cloexec = REAL(fcntl)(fd, F_GETFD) & FD_CLOEXEC;
+	int fl = REAL(fcntl)(held, F_GETFL);
+	int r = 0;
+	if (REAL(fcntl)(held, F_SETFL, (fl & ~O_NONBLOCK) | nonblock) < 0 ||
+	    REAL(dup3)(held, fd, cloexec ? O_CLOEXEC : 0) < 0)
+		r = -errno;
+	syscall(SYS_close, held);
+	return r;
 }
 
 void radic_sock_close(int fd) { syscall(SYS_close, fd); }

@@ -19,6 +19,9 @@ int radic_addr_is_local(uint32_t ip);
 int radic_sock_fill(void *sa, socklen_t *len, uint32_t ip, uint16_t port);
 int radic_sock_listen(int fd, int backlog);
 int radic_sock_dup(int fd);
+/* Puts held's socket under fd, with fd's O_NONBLOCK and close-on-exec
+ * (what the app's accept asked for), and closes held. */
+int radic_sock_graft(int held, int fd);
 void radic_sock_close(int fd);
 int radic_sock_shutdown(int fd, int how);
 int radic_sock_getfl(int fd);

@@ -150,6 +150,15 @@ func (c *Converter) plan(recs []Record) ([]planRec, map[uint64]*connLog, error) 
 		if r.Conn == observer.DeterminantStream {
 			return fail(i, r, observer.ErrReservedConn.Error())
 		}
+		if r.Type == TypeReady { // a determinant alone: its payload is not a connection's bytes
+			d := observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyPoll,
+				Errno: syscall.Errno(-r.Result), Ready: ReadyFds(r)}
+			var err error
+			if dets, err = observer.AppendDeterminant(dets, &d); err != nil {
+				return fail(i, r, err.Error())
+			}
+			continue
+		}
 		cl, seen := get(r.Conn)
 		if len(r.Payload) > 0 {
 			if seen && r.Offset != cl.next {

@@ -36,6 +36,13 @@
 //	                  add up to it), 0 end of stream, or -errno; offset is
 //	                  the connection's delivered count after the call
 //	type 3 RECV_DATA  one receive and its bytes: result == payload length
+//	type 4 CONNECT    the process made managed connection conn (offset: peer)
+//	type 5 ACCEPT     the process accepted conn (offset: the logical port)
+//	type 6 READY      a poll or select over managed fds: result 0 or -errno,
+//	                  conn 0, offset the number of fds it reported, payload
+//	                  16 bytes for each: fd i32, revents u16, 0 u16, and
+//	                  1 + the id of the managed connection the fd is (0:
+//	                  none) u64
 //
 // The wake protocol: the shim never wakes radicd on a receive. Before a
 // send on any managed connection (and a close) it waits until Stable >=
@@ -52,6 +59,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+
+	"github.com/radic-project/radic/observer"
 )
 
 // Specification constants: the layout shared with shim/c/logring.h.
@@ -96,7 +105,23 @@ const (
 	// TypeAccept: the process accepted connection Conn on logical port
 	// Offset.
 	TypeAccept Type = 5
+	// TypeReady: a poll or select over a set with managed fds reported
+	// the Offset fds in the payload ([ReadyFds]), or failed with -Result.
+	TypeReady Type = 6
 )
+
+// ReadyFdLen is the size of one reported fd in a TypeReady payload.
+const ReadyFdLen = 16
+
+// ReadyFds are the fds a TypeReady record's poll reported, in set order.
+func ReadyFds(r Record) []observer.ReadyFd {
+	var out []observer.ReadyFd
+	le := binary.LittleEndian
+	for p := r.Payload; len(p) >= ReadyFdLen; p = p[ReadyFdLen:] {
+		out = append(out, observer.ReadyFd{Fd: le.Uint32(p), Events: uint32(le.Uint16(p[4:])), Conn: le.Uint64(p[8:])})
+	}
+	return out
+}
 
 // PackPeer is a TypeConnect record's Offset for peer; 0 (none) unless
 // it is IPv4, as the cluster's logical addresses are.
@@ -130,6 +155,8 @@ func (t Type) String() string {
 		return "connect"
 	case TypeAccept:
 		return "accept"
+	case TypeReady:
+		return "ready"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -224,6 +251,22 @@ func Decode(b []byte) (Record, int, error) {
 			return bad("result", int64(r.Result))
 		case r.Type == TypeConnect && r.Offset>>48 != 0, r.Type == TypeAccept && r.Offset>>16 != 0:
 			return bad("offset", int64(r.Offset))
+		}
+	case TypeReady:
+		switch {
+		case r.Conn != 0:
+			return bad("conn", int64(r.Conn))
+		case r.Result > 0 || r.Result < -MaxErrno:
+			return bad("result", int64(r.Result))
+		case r.Offset > observer.MaxReady || (r.Result != 0 && r.Offset != 0):
+			return bad("offset", int64(r.Offset))
+		case uint64(plen) != r.Offset*ReadyFdLen:
+			return bad("len", int64(n))
+		}
+		for p := b[RecHeaderLen:min(len(b), RecHeaderLen+plen)]; len(p) >= ReadyFdLen; p = p[ReadyFdLen:] {
+			if le.Uint16(p[6:]) != 0 || le.Uint16(p[4:]) == 0 {
+				return bad("ready fd", int64(le.Uint32(p)))
+			}
 		}
 	default:
 		return bad("type", int64(r.Type))

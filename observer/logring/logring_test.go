@@ -2,6 +2,7 @@ package logring
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net/netip"
@@ -108,6 +109,64 @@ func TestConvertConnections(t *testing.T) {
 	}
 }
 
+// readyFds encodes a TypeReady payload: fd, revents, 1 + connection id.
+func readyFds(fds ...[3]uint64) []byte {
+	var b []byte
+	for _, p := range fds {
+		b = binary.LittleEndian.AppendUint32(b, uint32(p[0]))
+		b = binary.LittleEndian.AppendUint16(b, uint16(p[1]))
+		b = binary.LittleEndian.AppendUint16(b, 0)
+		b = binary.LittleEndian.AppendUint64(b, p[2])
+	}
+	return b
+}
+
+// A poll's record lists the fds it reported, a managed one with its
+// connection; its determinant says the same, and no stream gets its bytes.
+func TestConvertPolls(t *testing.T) {
+	ring := enc(
+		Record{Type: TypeReady, Offset: 2, Payload: readyFds([3]uint64{7, 5, 1<<32 + 1}, [3]uint64{9, 1, 0})},
+		Record{Type: TypeReady}, // a timeout
+		Record{Type: TypeReady, Result: -int32(syscall.EINTR)},
+		Record{Type: TypeRecvData, Result: 1, Conn: 1 << 32, Payload: []byte("x")},
+	)
+	recs, err := DecodeAll(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := NewConverter(3, 0).Convert(nil, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []msglog.Record{
+		{Kind: msglog.KindData, Owner: 3, Stream: 1 << 32, Payload: []byte("x")},
+		{Kind: msglog.KindDeterminant, Owner: 3, Stream: observer.DeterminantStream, Payload: dets(t,
+			observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyPoll,
+				Ready: []observer.ReadyFd{{Fd: 7, Events: 5, Conn: 1<<32 + 1}, {Fd: 9, Events: 1}}},
+			observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyPoll},
+			observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyPoll, Errno: syscall.EINTR},
+			observer.Determinant{Kind: observer.KindRecv, Conn: 1 << 32, N: 1},
+		)},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Convert (-want +got):\n%s", d)
+	}
+	for _, tc := range []struct {
+		name string
+		r    Record
+	}{
+		{"on a connection", Record{Type: TypeReady, Conn: 7, Offset: 1, Payload: readyFds([3]uint64{5, 1, 0})}},
+		{"count", Record{Type: TypeReady, Offset: 2, Payload: readyFds([3]uint64{5, 1, 0})}},
+		{"errno with fds", Record{Type: TypeReady, Result: -4, Offset: 1, Payload: readyFds([3]uint64{5, 1, 0})}},
+		{"positive result", Record{Type: TypeReady, Result: 1}},
+		{"fd not reported", Record{Type: TypeReady, Offset: 1, Payload: readyFds([3]uint64{5, 0, 0})}},
+	} {
+		if _, _, err := Decode(enc(tc.r)); !errors.Is(err, ErrFormat) {
+			t.Errorf("%s: Decode = %v, want ErrFormat", tc.name, err)
+		}
+	}
+}
+
 func TestConvertRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -186,6 +245,7 @@ func FuzzConvert(f *testing.F) {
 		Record{Type: TypeRecv, Result: -11, Conn: 7, Offset: 5},
 	))
 	f.Add(enc(Record{Type: TypeRecv, Conn: 1}))
+	f.Add(enc(Record{Type: TypeReady, Offset: 1, Payload: readyFds([3]uint64{3, 1, 1})}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		recs, err := DecodeAll(b)
 		if err != nil {
@@ -195,7 +255,9 @@ func FuzzConvert(f *testing.F) {
 		var in int
 		for i := range recs {
 			again = Append(again, &recs[i])
-			in += len(recs[i].Payload)
+			if recs[i].Type != TypeReady { // a poll's set is a determinant, not data
+				in += len(recs[i].Payload)
+			}
 		}
 		// Padding is not checked by Decode: compare record by record.
 		for off, i := 0, 0; i < len(recs); i++ {

@@ -887,7 +887,7 @@ static int false_end(struct radic_conn *c, uint32_t gen, int end)
  * control connection was readable, read it with a blocking read that
  * waited for ever on the resumed socket (TestWaitAcrossBreaks).
  */
-int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+static int conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
 	struct pollfd stack[RADIC_POLL_STACK], *p = stack;
 	if (n > RADIC_POLL_STACK && (p = malloc(n * sizeof *p)) == NULL) {
@@ -989,6 +989,182 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 	}
 	if (p != stack)
 		free(p);
+	return r;
+}
+
+/*
+ * Polls as a determinant (contract 6). Which fds a poll reported decides
+ * what the app does next (the farm's master hands the next task to the
+ * worker whose answer it saw first), so each poll over a set with managed
+ * fds is logged, and a restarted process's polls report what the logged
+ * ones did, in call order, until the log's polls are used up: its managed
+ * fds, found by their connections' ids, with their logged revents (a replaying connection serves the read
+ * from its log; one whose log is used up reads the resumed stream), and
+ * its other fds (a listener, a pipe) polled live until they say what they
+ * said then. A logged connection or fd missing from the set means the
+ * process took another path: it stops as diverged.
+ */
+static struct {
+	pthread_mutex_t mu;
+	uint32_t *v; /* per poll: errno, count, then count (fd, revents, ref low, ref high) */
+	uint64_t n, pos;
+} replay_polls = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static int polls_left; /* atomic: replay_polls has some */
+
+int radic_replay_polls(const uint32_t *v, uint64_t n)
+{
+	if (n == 0)
+		return 0;
+	uint32_t *copy = malloc(n * sizeof *v);
+	if (copy == NULL)
+		return -1;
+	memcpy(copy, v, n * sizeof *v);
+	replay_polls.v = copy;
+	replay_polls.n = n;
+	__atomic_add_fetch(&radic_replaying, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&polls_left, 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* The next logged poll: 1 with its errno, count and entries, or 0. */
+static int next_logged_poll(uint64_t *at, uint32_t *err, uint32_t *cnt, const uint32_t **entries)
+{
+	pthread_mutex_lock(&replay_polls.mu);
+	int ok = replay_polls.pos < replay_polls.n;
+	if (ok) {
+		*at = replay_polls.pos;
+		*err = replay_polls.v[*at];
+		*cnt = replay_polls.v[*at + 1];
+		*entries = replay_polls.v + *at + 2;
+		replay_polls.pos += 2 + 4 * (uint64_t)*cnt;
+		if (replay_polls.pos >= replay_polls.n) {
+			__atomic_store_n(&polls_left, 0, __ATOMIC_RELEASE);
+			__atomic_sub_fetch(&radic_replaying, 1, __ATOMIC_RELEASE);
+		}
+	}
+	pthread_mutex_unlock(&replay_polls.mu);
+	return ok;
+}
+
+/*
+ * Answers a poll from the log: 1 with *out its result, or 0 when the
+ * log's polls are used up. A logged poll that reported nothing this poll
+ * asks for is passed over: the re-executed process can poll more often
+ * than the first run did (a non-blocking send that took part of its
+ * bytes then takes all of them in a replay, which drops what the peer
+ * has), and such a poll was not this one.
+ */
+static int replay_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask, int *out)
+{
+	uint64_t at;
+	uint32_t err, cnt;
+	const uint32_t *e;
+	for (;;) {
+		if (!next_logged_poll(&at, &err, &cnt, &e))
+			return 0;
+		if (err != 0) {
+			errno = (int)err;
+			*out = -1;
+			return 1;
+		}
+		nfds_t live = 0;
+		int r = 0;
+		for (nfds_t i = 0; i < n; i++)
+			fds[i].revents = 0;
+		for (uint32_t k = 0; k < cnt; k++, e += 4) {
+			uint64_t ref = (uint64_t)e[3] << 32 | e[2];
+			nfds_t i = 0;
+			for (; i < n; i++) {
+				struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
+				if (ref != 0 ? c != NULL && c->id + 1 == ref : c == NULL && fds[i].fd == (int)e[0])
+					break;
+			}
+			if (i == n) {
+				char what[64], msg[300];
+				if (ref != 0)
+					snprintf(what, sizeof what, "connection %u:%u", (unsigned)((ref - 1) >> 32),
+						 (unsigned)(ref - 1));
+				else
+					snprintf(what, sizeof what, "fd %u", e[0]);
+				snprintf(msg, sizeof msg,
+					 "DIVERGENCE: process %s: a poll reported %s in the first run "
+					 "(determinant at %llu); the re-executed process polls a set "
+					 "without it: stopping (exit %d)",
+					 radic_lpid, what, (unsigned long long)at, RADIC_EXIT_DIVERGED);
+				diverged_exit(msg);
+			}
+			short ev = (short)e[1] & (fds[i].events | POLLERR | POLLHUP | POLLNVAL);
+			if (ev == 0)
+				continue;
+			if (radic_is_managed(fds[i].fd)) {
+				fds[i].revents = ev;
+				r++;
+			} else {
+				fds[i].revents = -1; /* marked: polled live below */
+				live++;
+			}
+		}
+		if (live > 0) {
+			struct pollfd p[RADIC_POLL_STACK];
+			nfds_t m = 0;
+			for (nfds_t i = 0; i < n && m < RADIC_POLL_STACK; i++)
+				if (fds[i].revents == -1)
+					p[m++] = (struct pollfd){.fd = fds[i].fd, .events = fds[i].events};
+			int lr;
+			do {
+				struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+				lr = REAL(ppoll)(p, m, timeout_ms < 0 ? NULL : &ts, mask);
+			} while (lr < 0 && errno == EINTR);
+			m = 0;
+			for (nfds_t i = 0; i < n && m < RADIC_POLL_STACK; i++)
+				if (fds[i].revents == -1) {
+					fds[i].revents = lr > 0 ? p[m].revents : 0;
+					r += fds[i].revents != 0;
+					m++;
+				}
+		}
+		/* A logged timeout is this poll's answer only if it could time out. */
+		if (r > 0 || (cnt == 0 && timeout_ms >= 0)) {
+			*out = r;
+			return 1;
+		}
+	}
+}
+
+/* Logs what a poll returned: the fds it reported, a managed one by its
+ * connection (fd numbers can differ in a replay), or its errno. */
+static void log_poll(const struct pollfd *fds, nfds_t n, int r)
+{
+	int e = errno;
+	struct radic_log_ready stack[64], *v = stack;
+	if (r > 64 && (v = malloc((size_t)r * sizeof *v)) == NULL) {
+		/* Unlogged, the process could not be recovered. */
+		radic_logf("out of memory for the determinant of a poll: stopping");
+		syscall(SYS_exit_group, 1);
+	}
+	size_t k = 0;
+	for (nfds_t i = 0; i < n && r > 0 && k < (size_t)r; i++) {
+		if (fds[i].revents == 0)
+			continue;
+		struct radic_conn *c = radic_is_managed(fds[i].fd) ? radic_conn_of(fds[i].fd) : NULL;
+		v[k++] = (struct radic_log_ready){.fd = fds[i].fd, .revents = (uint16_t)fds[i].revents,
+						  .conn = c ? c->id + 1 : 0};
+	}
+	radic_log_ready(k > 0 ? v : NULL, k, r < 0 ? e : 0);
+	if (v != stack)
+		free(v);
+	errno = e;
+}
+
+int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+	int r;
+	if (RADIC_UNLIKELY(__atomic_load_n(&polls_left, __ATOMIC_ACQUIRE)) &&
+	    replay_poll(fds, n, timeout_ms, mask, &r))
+		return r;
+	r = conn_poll(fds, n, timeout_ms, mask);
+	if (radic_logring != NULL)
+		log_poll(fds, n, r);
 	return r;
 }
 

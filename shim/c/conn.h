@@ -115,7 +115,13 @@ struct radic_replay {
 	uint64_t nres, idx;
 };
 
-/* Connections whose replay is not exhausted (atomic). */
+/* Hands C the logged polls to replay (RADIC_LOG_READY), flattened: per
+ * poll its errno, its count of reported fds, then for each its fd,
+ * revents, and 1 + its connection's id (0: none) as low and high halves.
+ * Returns -1 if out of memory. */
+int radic_replay_polls(const uint32_t *v, uint64_t n);
+
+/* Connections whose replay is not exhausted, and the logged polls (atomic). */
 extern int radic_replaying;
 
 /* CRC-32C (Castagnoli), hardware where the CPU has it. */

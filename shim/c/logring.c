@@ -210,6 +210,14 @@ void radic_log_conn(int type, uint64_t conn, uint64_t arg, int hold)
 		radic_log_hold();
 }
 
+void radic_log_ready(const struct radic_log_ready *fds, size_t n, int err)
+{
+	if (radic_logring == NULL)
+		return;
+	struct iovec v = {(void *)fds, n * sizeof *fds};
+	append(RADIC_LOG_READY, -err, 0, n, &v, 1, 0, v.iov_len);
+}
+
 /* Makes the ring file and maps it; the fd is closed at once (the mapping
  * is all the process keeps, so no fd of ours can be closed under us).
  * NULL with errno on failure. */

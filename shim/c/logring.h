@@ -33,6 +33,7 @@ enum {
 	RADIC_LOG_RECV_DATA = 3,
 	RADIC_LOG_CONNECT = 4, /* offset: the logical peer, ip4 << 16 | port */
 	RADIC_LOG_ACCEPT = 5,  /* offset: the logical port accepted on */
+	RADIC_LOG_READY = 6,   /* offset: fds reported; payload: struct radic_log_ready each */
 };
 
 struct radic_log_hdr {
@@ -86,6 +87,19 @@ uint64_t radic_log_result(uint64_t conn, long result, uint64_t recvd);
  * accepted (RADIC_LOG_ACCEPT); arg as the enum says. hold: return only
  * once it is stable. A no-op with recovery off. */
 void radic_log_conn(int type, uint64_t conn, uint64_t arg, int hold);
+
+/* One fd a poll reported, in a RADIC_LOG_READY record. */
+struct radic_log_ready {
+	int32_t fd;
+	uint16_t revents;
+	uint16_t zero;
+	uint64_t conn; /* 1 + the id of the managed connection fd is, or 0 */
+};
+_Static_assert(sizeof(struct radic_log_ready) == 16, "a READY record's entry");
+
+/* Appends what a poll over a set with managed fds returned: the n fds it
+ * reported, or err (n == 0). A no-op with recovery off. */
+void radic_log_ready(const struct radic_log_ready *fds, size_t n, int err);
 
 /* Waits until everything appended so far is stable (slow path out of line). */
 void radic_log_hold_slow(uint64_t head);

@@ -359,3 +359,73 @@ func TestReplayBothNodesInTurn(t *testing.T) {
 		t.Errorf("no recovery event of rank 1 on node 2:\n%s", job.String())
 	}
 }
+
+// TestReplayDeterminants: the server of a job is killed in the middle of
+// it, three times, each time in a new job; its restart must take the path
+// of its first run, which depends on a determinant other than the bytes
+// received, and the job must end as a fault-free run does:
+//
+//	accept-order  test/apps/ticket: the server numbers its 3 clients in
+//	              the order it accepts them. The restarted server is
+//	              resumed by the clients in whatever order their
+//	              resumes arrive; its accepts must return them in the
+//	              logged order (shim: replay.go, the stand-ins' turns).
+//	polls         test/apps/farm: the master hands the next task to the
+//	              worker whose answer select() reported. The restarted
+//	              master's selects must report what the logged ones did
+//	              (shim/c/conn.c: replay_poll), not every connection with
+//	              log left.
+//
+// Without either, the restarted server regenerates other answers or other
+// task assignments than its clients received: DIVERGENCE, exit 86.
+func TestReplayDeterminants(t *testing.T) {
+	c := newNetnsCluster(t, 4, "--spares", "1", "--fence-kill")
+	c.dumpReplayLogs()
+	// See TestReplayBothNodesInTurn: the survivors' shim lines go to a
+	// file, not to the ranks' stderr that the restarted ones regenerate.
+	c.env = append(cloneEnv(c.env), "RADIC_LOG_FILE="+filepath.Join(c.dir, "shim-first-instances.log"))
+	// The ranks' lines, in rank order (they reach radic run in any).
+	lines := func(out string) string {
+		ls := strings.SplitAfter(appLines(out), "\n")
+		slices.Sort(ls)
+		return strings.Join(ls, "")
+	}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		logged float64 // bytes of rank 0's log (on node 1, its protector) before the kill
+		polls  bool    // the restarted rank has polls to replay
+	}{
+		{"accept-order", []string{testenv.Artifact(t, "build/apps/ticket"), "--rounds", "3000", "--pause-us", "1000"}, 8 << 10, false},
+		{"polls", []string{testenv.Artifact(t, "build/apps/farm"), "--tasks", "256", "--width", "256", "--maxiter", "20000"}, 64 << 10, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := append([]string{"--np", "4", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--"}, tc.args...)
+			code, out := c.runJob(run...)
+			want := lines(out)
+			if code != 0 || want == "" {
+				t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
+			}
+			for i := range 3 {
+				c := c.with(t)
+				base := c.logBytes(1)
+				out, wait := c.startJob(run...)
+				clustertest.WaitRanks(t, c.dir, 4)
+				c.waitLogged(1, base, tc.logged)
+				if o, err := c.radic("fault", "kill-rank", "0"); err != nil {
+					t.Fatalf("kill-rank 0: %v\n%s", err, o)
+				}
+				code := waitJob(t, wait)
+				if got := lines(out.String()); code != 0 || got != want {
+					t.Fatalf("job %d: status %d, output:\n%s\nwant:\n%s\nwhole output:\n%s", i, code, got, want, out.String())
+				}
+				if !strings.Contains(out.String(), "rank 0 restarted on node 0") {
+					t.Fatalf("job %d: no recovery event for rank 0:\n%s", i, out.String())
+				}
+				if _, log := c.replayed(0); tc.polls && !regexp.MustCompile(`, [1-9]\d* polls`).MatchString(log) {
+					t.Fatalf("job %d: the restarted rank replayed no polls; its shim's log:\n%s", i, log)
+				}
+			}
+		})
+	}
+}
