@@ -176,6 +176,11 @@ func (r *replayState) acceptTurn(port uint16, id uint64) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.turnLocked(port, id)
+}
+
+// +checklocks:r.mu
+func (r *replayState) turnLocked(port uint16, id uint64) bool {
 	q := r.accepts[port]
 	return len(q) == 0 || q[0] == id
 }
@@ -187,7 +192,7 @@ func (r *replayState) holdUnlessTurn(port uint16, h *heldConn) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if q := r.accepts[port]; len(q) == 0 || q[0] == h.id {
+	if r.turnLocked(port, h.id) {
 		return false
 	}
 	r.held[port] = append(r.held[port], h)

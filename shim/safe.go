@@ -534,12 +534,15 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 			return true
 		}
 		n := int(C.radic_sock_peek(C.int(fd), unsafe.Pointer(&buf[0]), wire.HelloLen, C.int(left.Milliseconds()+1)))
-		if n < 0 && fromNode {
+		ended := n < 0 && fromNode
+		if n == 0 || ended {
 			if rid, from, ok := s.resumeOf(peer); ok {
 				id, paddr = rid, netip.AddrPortFrom(from, peer.Port())
-				debugf("fd %d from %s: ended before its hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
+				debugf("fd %d from %s: no hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
 				break
 			}
+		}
+		if ended {
 			// From a node of the job, ended (or reset) before its
 			// hello was whole: the initiator died or its node was
 			// cut off after its connect returned. Its connection is
@@ -571,13 +574,6 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 			}
 			id, paddr, ctlPort = h.ID, h.From, h.CtlPort
 			break
-		}
-		if n == 0 {
-			if rid, from, ok := s.resumeOf(peer); ok {
-				id, paddr = rid, netip.AddrPortFrom(from, peer.Port())
-				debugf("fd %d from %s: no hello, but its initiator resumes it as connection %d:%d", fd, peer, id>>32, uint32(id))
-				break
-			}
 		}
 		time.Sleep(time.Millisecond) // part of a hello, or an end of stream
 	}
