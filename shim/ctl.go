@@ -142,6 +142,12 @@ type pendingConn struct {
 	resume  net.Conn
 	resumeF frame
 	stood   bool // a stand-in was sent to the app's listener
+	// peerDone: a logged connection whose initiator has finished (replay.go,
+	// settleFinished): no resume will come, and a stand-in to port
+	// brings the connection to the app's accept all the same.
+	peerDone bool
+	port     uint16
+	paddr    netip.AddrPort
 }
 
 func (p *pendingConn) hold(f frame, nc net.Conn) {
@@ -209,7 +215,11 @@ func (s *safeSockets) standInsFor(port uint16) {
 	s.mu.Unlock()
 	for _, p := range ps {
 		p.mu.Lock()
-		send := p.resume != nil && !p.stood && !p.adopted && p.resumeF.Listener == port && s.replay.acceptTurn(port, p.id)
+		listener := p.resumeF.Listener
+		if p.resume == nil {
+			listener = p.port
+		}
+		send := (p.resume != nil || p.peerDone) && !p.stood && !p.adopted && listener == port && s.replay.acceptTurn(port, p.id)
 		if send {
 			p.stood = true
 		}
@@ -434,10 +444,12 @@ func (s *safeSockets) acceptStandIn(fd int, st *standIn) bool {
 		return false
 	}
 	p.mu.Lock()
-	resume, f := p.resume, p.resumeF
+	resume, f, peerDone, paddr := p.resume, p.resumeF, p.peerDone, p.paddr
 	p.mu.Unlock()
-	src := resume.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
-	paddr := netip.AddrPortFrom(s.loc.logical(src), f.Port)
+	if resume != nil {
+		src := resume.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
+		paddr = netip.AddrPortFrom(s.loc.logical(src), f.Port)
+	}
 	c := s.newConn(fd, st.id, false, s.acceptedName(fd), paddr)
 	if c == nil {
 		return true
@@ -446,6 +458,9 @@ func (s *safeSockets) acceptStandIn(fd int, st *standIn) bool {
 	// Taken only now that frames for the connection find it.
 	if p := s.takePending(st.id); p != nil {
 		p.adopt(c)
+	}
+	if resume == nil && peerDone {
+		c.peerGone()
 	}
 	return true
 }
@@ -479,6 +494,7 @@ type conn struct {
 	replayed  bool           // set before use: the connection has a log to replay (a restarted process)
 	laddr     netip.AddrPort // what the app sees as its address
 	paddr     netip.AddrPort // and as its peer's (logical)
+	peerLpid  string         // the listener's process, for a replayed connect (replayConnect)
 	kick      chan struct{}  // acknowledge now
 	room      chan struct{}  // an acknowledgement came: the ring has room
 
@@ -817,6 +833,24 @@ func (c *conn) failLocked(e int, why string) {
 		c.ctl = nil
 	}
 	logf("connection %s failed: %s; the application now gets %s", c, why, errnoName(e))
+}
+
+// peerGone settles a replayed connection whose peer rank has finished
+// (replay.go, settleFinished): it never resumes; the app reads the log,
+// then an end of stream, and what it sends is dropped.
+func (c *conn) peerGone() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed {
+		return
+	}
+	c.failed = true
+	C.radic_conn_peer_gone(c.c, C.radic_conn_resume_point(c.c), C.int(c.fd0()))
+	if c.ctl != nil {
+		c.ctl.Close()
+		c.ctl = nil
+	}
+	logf("connection %s: the peer rank has finished: no resume; the app reads what the log holds and an end of stream, and what it sends is dropped", c)
 }
 
 // reconnect is the initiator's side of a resume: dial the peer process's

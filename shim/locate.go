@@ -112,6 +112,20 @@ func (l *locator) nodeOf(ip netip.Addr) (nodeRecord, bool) {
 	return nodeRecord{}, false
 }
 
+// logicalOf is node id's logical address (the unspecified address if the
+// node list does not have it).
+func (l *locator) logicalOf(id int) netip.Addr {
+	l.refresh(time.Minute)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.nodes {
+		if a, err := netip.ParseAddr(n.Logical); n.ID == id && err == nil {
+			return a
+		}
+	}
+	return netip.IPv4Unspecified()
+}
+
 // current is the node whose (logical, current or earlier) address is ip,
 // from a node list at most maxAge old, with its logical and current
 // addresses parsed.

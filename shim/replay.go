@@ -13,7 +13,9 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -255,6 +257,147 @@ func (s *safeSockets) routineProgress() {
 			return
 		}
 	}
+}
+
+// finishedEvery is how often a restarted process with logged connections
+// not resumed yet asks whether their peers have finished.
+const finishedEvery = 250 * time.Millisecond
+
+// routineFinishedPeers settles the logged connections whose peer rank has
+// finished (its daemons say so: it exited on its own and its output is
+// delivered, launch.RankLoc.Finished) and that therefore will never
+// resume: a process killed after its peers had exited would otherwise
+// wait for them until the reconnect phase timed out. A finished peer
+// exited only once every byte it sent had been acknowledged (its exit
+// waits for that), and only logged bytes are acknowledged: its stream
+// ends where the log does. It stops once every logged connection is
+// resumed or settled.
+func (s *safeSockets) routineFinishedPeers() {
+	r := s.replay
+	t := time.NewTicker(finishedEvery)
+	defer t.Stop()
+	for range t.C {
+		waiting := r.unresumed()
+		if len(waiting) == 0 {
+			return
+		}
+		done, err := s.finishedRanks()
+		if err != nil {
+			debugf("which peers have finished is not known: %v", err)
+			continue
+		}
+		for _, id := range waiting {
+			s.settleFinished(id, done)
+		}
+	}
+}
+
+// unresumed is the logged connections not resumed (or settled) yet.
+func (r *replayState) unresumed() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []uint64
+	for id := range r.log.Conns {
+		if !r.resumed[id] {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// acceptPort is the logical port on which the app will accept logged
+// connection id again, if it has not yet.
+func (r *replayState) acceptPort(id uint64) (uint16, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for port, ids := range r.accepts {
+		if slices.Contains(ids, id) {
+			return port, true
+		}
+	}
+	return 0, false
+}
+
+// finishedRanks asks radicd which ranks of the job have finished: their
+// logical process ids, and the node each was launched on (whose logical
+// address is theirs).
+func (s *safeSockets) finishedRanks() (map[string]int, error) {
+	var jr struct {
+		Ranks []struct {
+			Rank     int  `json:"rank"`
+			Group    int  `json:"group"`
+			Finished bool `json:"finished"`
+		} `json:"ranks"`
+	}
+	if err := s.loc.get("/v1/recovery/jobs/"+url.PathEscape(s.job), nil, &jr); err != nil {
+		return nil, err
+	}
+	done := map[string]int{}
+	for _, l := range jr.Ranks {
+		if l.Finished {
+			done[strconv.Itoa(l.Rank)] = l.Group
+		}
+	}
+	return done, nil
+}
+
+// settleFinished settles logged connection id if its peer is among done:
+// made again by the app, it never resumes (conn.peerGone); not accepted
+// again yet, a stand-in brings it to the app's accept in its turn, since
+// its initiator will not.
+func (s *safeSockets) settleFinished(id uint64, done map[string]int) {
+	s.mu.Lock()
+	c := s.byID[id]
+	s.mu.Unlock()
+	if c != nil {
+		peer := c.peerLpid
+		if !c.initiator {
+			peer = initiatorLpid(id)
+		}
+		if _, ok := done[peer]; ok {
+			c.peerGone()
+			s.replay.resumedConn(id)
+		}
+		return
+	}
+	port, ok := s.replay.acceptPort(id)
+	node, finished := done[initiatorLpid(id)]
+	if !ok || !finished {
+		return // not made again yet, or a peer that has not finished
+	}
+	s.mu.Lock()
+	p := s.pending[id]
+	if p == nil && !s.gone[id] {
+		p = &pendingConn{s: s, id: id}
+		s.pending[id] = p
+	}
+	s.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	send := !p.peerDone && p.resume == nil && !p.stood && !p.adopted
+	// The initiator's port is not logged: its node's address stands
+	// for it, as accept's answer and the connection's peer name.
+	p.peerDone, p.port, p.paddr = true, port, netip.AddrPortFrom(s.loc.logicalOf(node), 0)
+	if send {
+		p.stood = true
+	}
+	p.mu.Unlock()
+	if send {
+		logf("connection %d:%d: its initiator, rank %s, has finished: a stand-in brings it to the app", id>>32, uint32(id), initiatorLpid(id))
+		go p.standIn(port)
+	}
+}
+
+// initiatorLpid is the logical process id of connection id's initiator
+// when it is a rank (its number makes the id's high half); "" for a
+// process a rank started (a hash).
+func initiatorLpid(id uint64) string {
+	if id>>63 != 0 {
+		return ""
+	}
+	return strconv.FormatUint(id>>32, 10)
 }
 
 func (s *safeSockets) postStage(stage string) {

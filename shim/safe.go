@@ -164,6 +164,7 @@ func newSafeSockets() *safeSockets {
 	go s.serveCtl()
 	if s.replay != nil {
 		go s.routineProgress()
+		go s.routineFinishedPeers()
 	}
 	return s
 }
@@ -321,6 +322,7 @@ func (s *safeSockets) replayConnect(fd int, ap netip.AddrPort) (ret int, errno i
 		return -1, int(syscall.ENOMEM), true
 	}
 	c.ctlAddr, _ = netip.ParseAddrPort(loc.Ctl)
+	c.peerLpid = loc.Lpid
 	C.radic_fd_clear(C.int(fd), C.RADIC_FD_CANDIDATE)
 	c.breakOn(0, int(syscall.ECONNRESET), "the process restarted: resuming with the peer")
 	debugf("connection %s: replayed connect to %s (peer control %s)", c, ap, c.ctlAddr)

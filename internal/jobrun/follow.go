@@ -35,6 +35,8 @@ type where struct {
 	epoch uint64
 	// +checklocks:mu
 	moved chan struct{} // closed at the next move
+	// +checklocks:mu
+	exit *launch.Exit // the instance at epoch finished (RankLoc.Finished)
 }
 
 func newWhere(node int) *where { return &where{node: node, moved: make(chan struct{})} }
@@ -57,6 +59,29 @@ func (w *where) move(node int, epoch uint64) bool {
 	close(w.moved)
 	w.moved = make(chan struct{})
 	return true
+}
+
+// finish records that the instance at epoch finished with e: its daemons
+// said so, and its node may be gone before its status was read.
+func (w *where) finish(node int, epoch uint64, e launch.Exit) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if epoch < w.epoch || w.exit != nil {
+		return
+	}
+	w.node, w.epoch, w.exit = node, epoch, &e
+	close(w.moved)
+	w.moved = make(chan struct{})
+}
+
+// finished is the exit of the rank's last instance, if it finished.
+func (w *where) finished() (launch.Exit, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exit == nil {
+		return launch.Exit{}, false
+	}
+	return *w.exit, true
 }
 
 // keepDelivered bounds the delivered output kept per stream to compare a
@@ -231,16 +256,36 @@ func SizeSI(n uint64) string {
 	return fmt.Sprintf("%.0f %cB", f, units[i])
 }
 
-// ranksOf lists the job's ranks of group g.
-func ranksOf(jr launch.JobRecovery, g int) []int {
-	var rs []int
+// ranksOf lists the job's ranks of ev's group that ev restarted, and
+// those it left alone because they had finished before (a group whose
+// ranks have all finished is not restarted).
+func ranksOf(jr launch.JobRecovery, ev launch.RecoveryEvent) (restarted, finished []int) {
 	for _, l := range jr.Ranks {
-		if l.Group == g {
-			rs = append(rs, l.Rank)
+		switch {
+		case l.Group != ev.Group:
+		case l.Finished && l.Epoch < ev.Epoch:
+			finished = append(finished, l.Rank)
+		default:
+			restarted = append(restarted, l.Rank)
 		}
 	}
-	slices.Sort(rs)
-	return rs
+	slices.Sort(restarted)
+	slices.Sort(finished)
+	return restarted, finished
+}
+
+// describeFinished is a recovery event of a group whose ranks had all
+// finished: nothing was restarted.
+func describeFinished(ev launch.RecoveryEvent, ranks []int) string {
+	rs := make([]string, len(ranks))
+	for i, r := range ranks {
+		rs[i] = strconv.Itoa(r)
+	}
+	which := "rank " + rs[0] + " had"
+	if len(rs) > 1 {
+		which = "ranks " + strings.Join(rs, ",") + " had all"
+	}
+	return fmt.Sprintf("node %d died at %s; %s finished: nothing to restart", ev.From, ev.Start.Local().Format("15:04:05.000"), which)
 }
 
 // follower follows the ranks of a job launched with recovery.
@@ -331,6 +376,9 @@ func (f *follower) learn(jr launch.JobRecovery) {
 	for _, l := range jr.Ranks {
 		if l.Rank >= 0 && l.Rank < len(f.wh) {
 			f.wh[l.Rank].move(l.Node, l.Epoch)
+			if l.Finished && l.Exit != nil {
+				f.wh[l.Rank].finish(l.Node, l.Epoch, *l.Exit)
+			}
 		}
 		if !slices.Contains(f.nodes, l.Node) {
 			f.nodes = append(f.nodes, l.Node)
@@ -341,7 +389,11 @@ func (f *follower) learn(jr launch.JobRecovery) {
 		if ev.Start.Before(f.since) {
 			continue
 		}
-		line := DescribeRecovery(ev, ranksOf(jr, ev.Group))
+		restarted, finished := ranksOf(jr, ev)
+		line := DescribeRecovery(ev, restarted)
+		if len(restarted) == 0 && len(finished) > 0 && ev.Error == "" && ev.Warning == "" {
+			line = describeFinished(ev, finished)
+		}
 		if ev.Error != "" {
 			// The job stops with this line (radic run prints it then).
 			select {
@@ -394,6 +446,12 @@ func (f *follower) watchExit(ctx context.Context, cl func(int) *Client, rank int
 			continue
 		}
 		// Restarting, out of reach, unknown, or an older instance.
+		if e, ok := f.wh[rank].finished(); ok {
+			// It finished, and its node went before we read its
+			// status: its daemons kept the exit.
+			exits <- exitMsg{rank, e}
+			return
+		}
 		if lostSince.IsZero() {
 			lostSince = time.Now()
 		} else if time.Since(lostSince) > followLost {

@@ -85,6 +85,33 @@ func TestWhereAndDescribe(t *testing.T) {
 	}
 }
 
+// TestWhereFinish: a rank its daemons report finished gives its exit to
+// radic run even if its node is gone; an older instance's report does
+// not.
+func TestWhereFinish(t *testing.T) {
+	w := newWhere(2)
+	w.move(4, 2)
+	_, _, moved := w.get()
+	w.finish(2, 1, launch.Exit{Code: 7})
+	if _, ok := w.finished(); ok {
+		t.Fatal("an older instance's exit was taken")
+	}
+	w.finish(4, 2, launch.Exit{Code: 3})
+	if e, ok := w.finished(); !ok || e.Code != 3 {
+		t.Fatalf("finished = %+v, %v; want code 3", e, ok)
+	}
+	select {
+	case <-moved:
+	default:
+		t.Error("moved not closed by finish: watchExit would wait out its retry")
+	}
+	f := &follower{wh: []*where{newWhere(0)}, logf: t.Logf}
+	f.learn(launch.JobRecovery{Ranks: []launch.RankLoc{{Rank: 0, Node: 1, Finished: true, Exit: &launch.Exit{Code: 5}}}})
+	if e, ok := f.wh[0].finished(); !ok || e.Code != 5 {
+		t.Errorf("learn of a finished rank: finished = %+v, %v; want code 5", e, ok)
+	}
+}
+
 func TestDescribeRecovery(t *testing.T) {
 	at := time.Date(2026, 1, 1, 12, 1, 3, 120e6, time.Local)
 	mb38 := uint64(38_000_000)
@@ -170,5 +197,14 @@ func TestLearnPrintsAndFails(t *testing.T) {
 		}
 	default:
 		t.Error("a failed recovery did not stop the job")
+	}
+	// A group whose ranks had all finished is not restarted: the line
+	// says so rather than naming a restart.
+	lines = nil
+	jr.Ranks = append(jr.Ranks, launch.RankLoc{Job: "j", Rank: 0, Group: 0, Node: 0, Finished: true, Exit: &launch.Exit{}})
+	jr.Events = append(jr.Events, launch.RecoveryEvent{Group: 0, Cause: "node", From: 0, To: 4, Epoch: 1, Start: since.Add(3 * time.Second), Seconds: 0.2})
+	f.learn(jr)
+	if len(lines) != 1 || !strings.HasSuffix(lines[0], "; rank 0 had finished: nothing to restart") {
+		t.Errorf("printed %q, want rank 0 had finished", lines)
 	}
 }

@@ -256,6 +256,14 @@ type RankLoc struct {
 	Group int    `json:"group"` // the node that launched it
 	Node  int    `json:"node"`  // the node it runs on now
 	Epoch uint64 `json:"epoch"` // 0 as launched, the group's epoch after a restart
+	// Finished: this instance exited on its own (no signal) with Exit,
+	// and the launcher has read its stdout and stderr to their ends.
+	// Nothing of it is left to regenerate: the death of its node no
+	// longer restarts it (unless a rank of its group and job that has
+	// not finished restarts with it), and the launcher takes its exit
+	// from here if the node died before it collected the status.
+	Finished bool  `json:"finished,omitempty"`
+	Exit     *Exit `json:"exit,omitempty"`
 }
 
 // RecoveryEvent is one recovery, as `radic run` prints it.

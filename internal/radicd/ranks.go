@@ -86,6 +86,10 @@ type rankProc struct {
 	// its status says so instead of its exit.
 	// +checklocks:mu
 	restarting bool
+	// outRead, errRead: the launcher was served stdout, stderr to its
+	// end; finished: then pushed as finished (RankLoc.Finished).
+	// +checklocks:mu
+	outRead, errRead, finished bool
 }
 
 // rankTable is the ranks of this node. Lock order: rankTable.mu, then
@@ -479,6 +483,7 @@ func (d *Daemon) waitRank(k rankKey, p *rankProc, cmd *exec.Cmd) {
 	}
 	p.mu.Unlock()
 	close(p.done)
+	d.finishIfRead(p)
 	d.log.Info("rank exited", "job", k.job, "rank", k.rank, "pid", p.id.Pid, "how", e.String(), "restart", fault)
 	if p.epoch > 0 && e.Signal == 0 && e.Code == launch.ExitDiverged {
 		d.log.Error("a restarted rank diverged from its first run while replaying its log: the job cannot be recovered", "job", k.job, "rank", k.rank, "epoch", p.epoch, "shim_log", envValue(p.rec.Env, "RADIC_LOG_FILE"))
@@ -601,7 +606,41 @@ func (d *Daemon) handleOutput(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(launch.HeaderEOF, "1")
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-	_, _ = w.Write(data)
+	_, err = w.Write(data)
+	if eof && err == nil {
+		p.mu.Lock()
+		if b == p.out {
+			p.outRead = true
+		} else {
+			p.errRead = true
+		}
+		p.mu.Unlock()
+		d.finishIfRead(p)
+	}
+}
+
+// finishIfRead tells every daemon that a recovery rank has finished
+// (RankLoc.Finished) once it exited on its own and the launcher has read
+// both its streams to their ends: nothing of it is left that a restart
+// would have to regenerate, so the death of its node does not restart it,
+// and peers that replay their connections with it know it is gone.
+func (d *Daemon) finishIfRead(p *rankProc) {
+	if !p.recovery || d.rec == nil {
+		return
+	}
+	p.mu.Lock()
+	ready := p.state == launch.StateExited && p.exit.Signal == 0 && !p.restarting && p.outRead && p.errRead && !p.finished
+	if ready {
+		p.finished = true
+	}
+	exit := p.exit
+	p.mu.Unlock()
+	if !ready {
+		return
+	}
+	l := RankLoc{Job: p.rec.Job, Rank: p.rec.Rank, Group: p.rec.Node, Node: d.cfg.Node, Epoch: p.epoch, Finished: true, Exit: &exit}
+	d.dir.put(l)
+	go d.pushAll("/v1/recovery/ranks", []RankLoc{l})
 }
 
 // handleSignal signals the rank's process group (the rank and what it

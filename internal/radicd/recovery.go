@@ -83,14 +83,36 @@ func newDirectory() *directory {
 	return &directory{ranks: map[rankKey]RankLoc{}, aborted: map[restartReq]bool{}}
 }
 
-// put merges l: a newer epoch wins.
+// put merges l: a newer epoch wins; at the same epoch, a finished
+// instance stays finished (pushes cross: its launch's may come last).
 func (dir *directory) put(l RankLoc) {
 	dir.mu.Lock()
 	defer dir.mu.Unlock()
 	k := rankKey{l.Job, l.Rank}
-	if old, ok := dir.ranks[k]; !ok || l.Epoch >= old.Epoch {
+	old, ok := dir.ranks[k]
+	if !ok || l.Epoch > old.Epoch || (l.Epoch == old.Epoch && !old.Finished) {
 		dir.ranks[k] = l
 	}
+}
+
+// finishedGroup reports whether every rank of job in group g has
+// finished (RankLoc.Finished): a restart of the group has nothing of that
+// job to bring back. Ranks of one group and job restart together or not
+// at all, since the traffic between them is not logged: one that has
+// finished is re-executed beside one that has not.
+func (dir *directory) finishedGroup(g int, job string) bool {
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	n := 0
+	for k, l := range dir.ranks {
+		if k.job == job && l.Group == g {
+			if !l.Finished {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
 }
 
 func (dir *directory) forget(job string) {
@@ -445,6 +467,9 @@ func (e *recoveryEdge) restartHere(ctx context.Context, req restartReq) error {
 	var started []RankLoc
 	for _, l := range locs {
 		k := rankKey{l.Job, l.Rank}
+		if d.dir.finishedGroup(req.Group, l.Job) {
+			continue // nothing left to regenerate: the launcher has all of it
+		}
 		if old := d.ranks.get(k); old != nil {
 			old.mu.Lock()
 			final := old.state == launch.StateExited && !old.restarting

@@ -446,6 +446,15 @@ ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, in
 	pthread_mutex_lock(&c->wlock);
 	for (;;) {
 		int st = load_state(c);
+		if (RADIC_UNLIKELY(c->peer_gone && !c->wr_shut)) {
+			/* Nobody will ever read it: dropped, as by a peer that
+			 * closed and is gone (see radic_conn_peer_gone). */
+			__atomic_store_n(&c->sent, c->sent + (total - done), __ATOMIC_RELEASE);
+			__atomic_store_n(&c->acked, c->sent, __ATOMIC_RELEASE);
+			c->wire = c->sent;
+			done = total;
+			break;
+		}
 		if (st == RADIC_CONN_FAILED || c->wr_shut) {
 			err = c->wr_shut || c->fail_err == 0 ? EPIPE : c->fail_err;
 			break;
@@ -1527,6 +1536,27 @@ void radic_conn_ack_all(struct radic_conn *c)
 void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v)
 {
 	__atomic_store_n(&c->peer_end, v, __ATOMIC_RELEASE);
+}
+
+/*
+ * A replaying connection whose peer process has finished (it exited after
+ * every byte it sent was acknowledged, so logged): its stream ends at end,
+ * the log's end, and nothing the app sends will ever be read, so it is
+ * dropped, as a bare peer that closed and exited would (until its RST).
+ * The connection never resumes: it is FAILED, which makes it readable
+ * (end of stream) and writable to polls.
+ */
+void radic_conn_peer_gone(struct radic_conn *c, uint64_t end, int fd)
+{
+	pthread_mutex_lock(&c->wlock);
+	c->peer_gone = 1;
+	c->tx_replay = 0;
+	c->skip_to = 0;
+	__atomic_store_n(&c->acked, c->sent, __ATOMIC_RELEASE);
+	c->wire = c->sent;
+	pthread_mutex_unlock(&c->wlock);
+	radic_conn_set_peer_end(c, end);
+	radic_conn_fail(c, 0, fd);
 }
 
 void radic_conn_set_acked(struct radic_conn *c, uint64_t v)

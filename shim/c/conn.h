@@ -53,6 +53,7 @@ struct radic_conn {
 	int wake_fd;  /* eventfd: readable except while BROKEN */
 	int nonblock; /* the app's O_NONBLOCK */
 	int wr_shut;  /* the app shut its sending side */
+	int peer_gone; /* the peer process finished: sends are dropped (radic_conn_peer_gone) */
 	uint32_t gen; /* which socket: bumped at every swap */
 	uint64_t id;  /* the logical connection id */
 
@@ -181,6 +182,7 @@ int radic_conn_pump(struct radic_conn *c, int fd, int timeout_ms);
 void radic_conn_fail(struct radic_conn *c, int err, int fd);
 void radic_conn_ack_all(struct radic_conn *c);
 void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v);
+void radic_conn_peer_gone(struct radic_conn *c, uint64_t end, int fd);
 void radic_conn_set_acked(struct radic_conn *c, uint64_t v);
 uint64_t radic_conn_recvd(struct radic_conn *c);
 uint64_t radic_conn_ackable(struct radic_conn *c);

@@ -6,7 +6,10 @@
  * depend on which worker computed what or in which order the answers came.
  * With one rank the master computes every row itself (the reference).
  *
- *   farm [--tasks T] [--width W] [--maxiter M] [--verbose]
+ *   farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P] [--verbose]
+ *
+ * --pause-ms: the master waits P ms after the last result, before it prints
+ * (a long final phase: the workers have exited by then).
  */
 #include "common.h"
 
@@ -25,7 +28,7 @@ struct hdr {
 	uint32_t type, task, len;
 };
 
-static int width = 1024, maxiter = 2000, tasks = 512;
+static int width = 1024, maxiter = 2000, tasks = 512, pause_ms;
 
 static void compute_row(int row, uint32_t *out)
 {
@@ -91,7 +94,7 @@ static void worker(struct job *j)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: farm [--tasks T] [--width W] [--maxiter M] [--verbose]\n");
+	fprintf(stderr, "usage: farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P] [--verbose]\n");
 	exit(2);
 }
 
@@ -119,10 +122,12 @@ int main(int argc, char **argv)
 			width = atoi(argv[i]);
 		else if (!strcmp(a, "--maxiter"))
 			maxiter = atoi(argv[i]);
+		else if (!strcmp(a, "--pause-ms"))
+			pause_ms = atoi(argv[i]);
 		else
 			usage();
 	}
-	if (tasks < 1 || width < 1 || maxiter < 1)
+	if (tasks < 1 || width < 1 || maxiter < 1 || pause_ms < 0)
 		usage();
 	job_init(&j, "farm");
 	if (j.rank > 0) {
@@ -198,6 +203,8 @@ int main(int argc, char **argv)
 			}
 		}
 	}
+	if (pause_ms > 0)
+		usleep((useconds_t)pause_ms * 1000);
 	for (i = 0; i < tasks; i++)
 		digest = fnv1a(digest, img + (size_t)i * (size_t)width, (size_t)width * sizeof *img);
 	if (verbose) {

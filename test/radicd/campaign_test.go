@@ -414,11 +414,8 @@ var knownDefects = []struct {
 }{
 	{"radic run gives up the job when a node dies or is cut off while its rank is being launched (jobrun.Run step 1: a launch unreachable, or refused by a node that lost its ring's majority (launchgate.go), is an error to start the job; the rank is not launched elsewhere)",
 		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*launch rank \d+: (unreachable|.*not a majority|.*is fenced)`), nil},
-	{"a group whose ranks have all exited 0 is restarted when its node dies afterwards (the protector does not know they finished, and their log is gone: the restarted rank re-executes from nothing and cannot reconnect to a master that closed its listener); radic run, still following the rank's earlier node, had not collected its exit",
+	{"a group whose ranks have all exited 0 is restarted when its node dies in the few milliseconds after their exit before their daemon has pushed them as finished (RankLoc.Finished: radic run has read their output to its end), and the re-executed rank cannot reconnect to a master that closed its listener",
 		regexp.MustCompile(`connect to rank \d+: Connection refused \(gave up after`),
 		regexp.MustCompile(`restarted on node \d+ in [0-9.]+ s[^\n]*\n(.*\n)*.*restarted on node \d+ in`)},
-	{"a rank killed after every peer it talks to has exited (a late kill-rank: the job's answer is printed already) is restarted, replays its log and then waits to resume connections with peers that no longer exist, until the reconnect phase times out (the log holds the peers' ends of stream: such a connection needs no resume; seen with RADIC_SEED=1796534189861381148, kill-rank 1 of Jacobi at 925 ms of 1.14 s)",
-		regexp.MustCompile(`failed in reconnect after [0-9.]+ s: protector: phase timed out`),
-		regexp.MustCompile(`\[rank 0\] (jacobi|farm) .*digest=`)},
 	{shimLinesDefect, regexp.MustCompile(`diverged after its restart: its stderr differs`), nil},
 }

@@ -2,6 +2,7 @@ package radicd_test
 
 import (
 	"bufio"
+	"context"
 	"net/http"
 	"os"
 	"os/exec"
@@ -424,6 +425,85 @@ func TestReplayDeterminants(t *testing.T) {
 				}
 				if _, log := c.replayed(0); tc.polls && !regexp.MustCompile(`, [1-9]\d* polls`).MatchString(log) {
 					t.Fatalf("job %d: the restarted rank replayed no polls; its shim's log:\n%s", i, log)
+				}
+			}
+		})
+	}
+}
+
+// TestReplayFinishedPeers: the farm's master pauses after its last result,
+// while its workers exit. Their daemons record them as finished (exited 0,
+// output delivered), and:
+//
+//   - kill-rank 0 in the pause: the restarted master accepts its workers'
+//     connections again, though the workers will never resume them (a
+//     stand-in brings each to its accept), replays the results from its
+//     log, prints the fault-free digest, and its recovery completes (it
+//     waited for its finished peers until the reconnect phase timed out).
+//   - kill-node of a worker's node in the pause: nothing of the finished
+//     worker is left to regenerate, so it is not restarted (it was
+//     re-executed, could not reach the master's closed listener, and
+//     failed the job).
+func TestReplayFinishedPeers(t *testing.T) {
+	c := newNetnsCluster(t, 4, "--spares", "1", "--fence-kill")
+	c.dumpReplayLogs()
+	c.env = append(cloneEnv(c.env), "RADIC_LOG_FILE="+filepath.Join(c.dir, "shim-first-instances.log"))
+	farm := func(pause string) []string {
+		return []string{"--np", "4", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+			testenv.Artifact(t, "build/apps/farm"), "--tasks", "64", "--width", "256", "--maxiter", "2000", "--pause-ms", pause}
+	}
+	code, out := c.runJob(farm("0")...)
+	want := appLines(out)
+	if code != 0 || !strings.Contains(want, "digest=") {
+		t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
+	}
+	// waitFinished waits until node 0's radicd says ranks 1-3 finished.
+	waitFinished := func(c *netnsCluster, out *lockedBuffer) {
+		t.Helper()
+		job := clustertest.WaitRanks(t, c.dir, 4)
+		for end := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("ranks 1-3 not finished after 30 s:\n%s", out.String())
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			jr, err := c.client(0).Recovery(ctx, job.ID)
+			cancel()
+			n := 0
+			for _, l := range jr.Ranks {
+				if l.Finished && l.Rank > 0 && l.Exit != nil && l.Exit.Code == 0 {
+					n++
+				}
+			}
+			if err == nil && n == 3 {
+				return
+			}
+		}
+	}
+	for _, tc := range []struct{ name, fault, node, event string }{
+		{"kill-rank", "kill-rank", "0", "rank 0 restarted on node 0"},
+		{"kill-node", "kill-node", "2", "rank 2 had finished: nothing to restart"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := c.with(t)
+			if tc.fault == "kill-node" {
+				c = newNetnsCluster(t, 4, "--spares", "1", "--fence-kill")
+				c.dumpReplayLogs()
+			}
+			out, wait := c.startJob(farm("4000")...)
+			waitFinished(c, out)
+			if o, err := c.radic("fault", tc.fault, tc.node); err != nil {
+				t.Fatalf("%s %s: %v\n%s", tc.fault, tc.node, err, o)
+			}
+			code := waitJob(t, wait)
+			if got := appLines(out.String()); code != 0 || got != want {
+				t.Fatalf("status %d, output:\n%s\nwant:\n%s\nwhole output:\n%s", code, got, want, out.String())
+			}
+			if !strings.Contains(out.String(), tc.event) {
+				t.Fatalf("no %q in the output:\n%s", tc.event, out.String())
+			}
+			if tc.fault == "kill-rank" {
+				if _, log := c.replayed(0); !strings.Contains(log, "has finished: a stand-in brings it to the app") {
+					t.Fatalf("the restarted master did not settle its finished peers' connections; its shim's log:\n%s", log)
 				}
 			}
 		})
