@@ -405,10 +405,16 @@ func (s *safeSockets) postStage(stage string) {
 	if err == nil {
 		var resp *http.Response
 		if resp, err = s.loc.hc.Do(req); err == nil {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 			resp.Body.Close()
+			if resp.StatusCode/100 != 2 {
+				err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+			}
 		}
 	}
 	if err != nil {
 		logf("cannot tell radicd that replay reached %s: %v", stage, err)
+		return
 	}
+	debugf("told radicd that replay reached %s", stage)
 }

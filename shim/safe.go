@@ -17,6 +17,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -70,7 +71,8 @@ type safeSockets struct {
 	listeners  map[int]uint16
 	bound      map[int]netip.Addr // fds bound to the node's logical address (really the wildcard)
 	lingering  sync.WaitGroup
-	monitoring sync.Once // the monitor starts with the first connection
+	guests     atomic.Bool // ranks of other logical nodes run on this node (hostsGuests)
+	monitoring sync.Once   // the monitor starts with the first connection
 }
 
 var safe *safeSockets
@@ -504,7 +506,7 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 	// while, so that a client from outside that waits for the server to
 	// speak first is hardly delayed.
 	wait := helloWait
-	if self, ok := s.loc.self(); ok && s.loc.logical(peer.Addr()) == self {
+	if self, ok := s.loc.self(); ok && s.loc.logical(peer.Addr()) == self && !s.hostsGuests() {
 		debugf("fd %d from %s: inside this node: plain TCP", fd, peer)
 		return true // connections inside a node are never managed (connect)
 	}
@@ -595,6 +597,32 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 		}
 	}
 	return s.acceptAs(fd, h)
+}
+
+// hostsGuests reports whether ranks of the job from other logical nodes
+// run on this node (restarted here, or launched in place of a lost node:
+// radicd's GET /v1/jobs/J/guests). A guest's connect to us comes from
+// this node's address, yet it is managed (its logical node is not ours)
+// and starts with a hello: a connection from our own node is then read
+// for one, not taken for plain TCP at once (the app would read radic's
+// bytes). Once true it stays true; radicd is asked again at every accept
+// from our own node until then (a guest is known to it before it runs).
+func (s *safeSockets) hostsGuests() bool {
+	if s.guests.Load() {
+		return true
+	}
+	var r struct {
+		Guests []int `json:"guests"`
+	}
+	if err := s.loc.get("/v1/jobs/"+url.PathEscape(s.job)+"/guests", nil, &r); err != nil {
+		logf("whether ranks of other nodes run here is not known (%v): a connection from this node is taken for plain TCP", err)
+		return false
+	}
+	if len(r.Guests) > 0 {
+		debugf("ranks of nodes %v run here: connections from this node are read for a radic hello", r.Guests)
+		s.guests.Store(true)
+	}
+	return len(r.Guests) > 0
 }
 
 // acceptAs makes fd, which the app accepted, connection h.id.

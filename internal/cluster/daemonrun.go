@@ -39,7 +39,7 @@ func runThroughDaemons(o RunOptions, s *State, job *Job, path, cwd string, sigs 
 		}
 	}
 	jo := jobrun.Options{
-		Ranks: recs, Daemons: daemons, TagOutput: o.TagOutput,
+		Ranks: recs, Daemons: daemons, Alternates: alternates(s), TagOutput: o.TagOutput,
 		Stdout: o.Stdout, Stderr: o.Stderr, Grace: o.Grace, Signals: sigs, Logf: o.Logf,
 		Created: func(started []launch.Started) error {
 			return Update(o.Dir, func(st *State) error {
@@ -59,6 +59,22 @@ func runThroughDaemons(o RunOptions, s *State, job *Job, path, cwd string, sigs 
 		jo.Stdin = os.Stdin
 	}
 	return jobrun.Run(jo)
+}
+
+// alternates are the nodes that may take a rank whose node is lost while
+// the job launches: the live spares, then the live compute nodes.
+func alternates(s *State) []int {
+	var spares, workers []int
+	for _, n := range s.Nodes {
+		switch {
+		case n.Dead:
+		case n.Spare:
+			spares = append(spares, n.ID)
+		default:
+			workers = append(workers, n.ID)
+		}
+	}
+	return append(spares, workers...)
 }
 
 // stateDaemons finds a node's radicd from the cluster state, read again

@@ -134,12 +134,24 @@ func rankPath(job string, rank int) string {
 // Launch creates rec's rank, held at its gate, after radicd stored rec
 // with its protectors.
 func (c *Client) Launch(ctx context.Context, rec *launch.Record) (launch.Started, error) {
+	return c.launch(ctx, rec, "")
+}
+
+// LaunchInsteadOf creates the rank on this node in place of node lost,
+// which could not: radicd does so only once its ring has declared lost
+// dead (503 before), and not if lost had created it (409: its recovery
+// restarts it).
+func (c *Client) LaunchInsteadOf(ctx context.Context, rec *launch.Record, lost int) (launch.Started, error) {
+	return c.launch(ctx, rec, "?instead-of="+strconv.Itoa(lost))
+}
+
+func (c *Client) launch(ctx context.Context, rec *launch.Record, query string) (launch.Started, error) {
 	var st launch.Started
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return st, err
 	}
-	resp, err := c.do(ctx, fmt.Sprintf("launch rank %d", rec.Rank), http.MethodPost, "/v1/jobs/"+url.PathEscape(rec.Job)+"/ranks", bytes.NewReader(b))
+	resp, err := c.do(ctx, fmt.Sprintf("launch rank %d", rec.Rank), http.MethodPost, "/v1/jobs/"+url.PathEscape(rec.Job)+"/ranks"+query, bytes.NewReader(b))
 	if err != nil {
 		return st, err
 	}

@@ -70,8 +70,17 @@ type Options struct {
 	Logf           func(format string, args ...any)
 
 	// Created, if set, is called once every rank exists and before any
-	// runs, with their processes (rank r is started[r]).
+	// runs, with their processes (rank r is started[r]; a zero one for a
+	// rank its lost node had created, which its recovery restarts).
 	Created func(started []launch.Started) error
+
+	// Alternates are the nodes that may take a rank whose own node is
+	// lost while the job launches (no answer, or a refusal: cut off,
+	// fenced), in order of preference (spares first). With recovery on,
+	// such a rank is launched on the first that will, once the ring has
+	// declared its node dead (launchElsewhere); without, or with none, the
+	// job does not start.
+	Alternates []int
 }
 
 type exitMsg struct {
@@ -154,14 +163,37 @@ func Run(o Options) (int, error) {
 	// Step 1: create every rank, held at its gate.
 	started := make([]launch.Started, np)
 	errs := make([]error, np)
+	followed := make([]bool, np) // created by a node lost since: its recovery restarts it
 	parallel(np, func(r int) {
 		lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer lcancel()
 		started[r], errs[r] = launchRank(lctx, clients[r], &o.Ranks[r])
+		if errs[r] != nil && recovery && len(o.Alternates) > 0 && lostAtLaunch(errs[r]) {
+			lost := o.Ranks[r].Node
+			ectx, ecancel := context.WithTimeout(ctx, elsewhereFor)
+			defer ecancel()
+			st, alt, follow, err := launchElsewhere(ectx, at, daemons.daemon, o.Ranks[r], o.Alternates)
+			switch {
+			case err != nil:
+				errs[r] = fmt.Errorf("%w; and no other node took it: %w", errs[r], err)
+			case follow:
+				logf("radic run: rank %d: node %d was lost during the launch (%v) after it had created the rank; following its recovery", r, lost, errs[r])
+				started[r], errs[r], followed[r] = launch.Started{}, nil, true
+			default:
+				logf("radic run: rank %d: node %d was lost during the launch (%v); launched on node %d in its place", r, lost, errs[r], alt.Node)
+				started[r], errs[r], o.Ranks[r] = st, nil, alt
+				clients[r], wh[r] = at(alt.Node), newWhere(alt.Node)
+			}
+		}
 		if errs[r] != nil {
 			errs[r] = fmt.Errorf("rank %d on node %d: %w", r, o.Ranks[r].Node, errs[r])
 		}
 	})
+	for r := range o.Ranks {
+		if !slices.Contains(nodes, o.Ranks[r].Node) {
+			nodes = append(nodes, o.Ranks[r].Node)
+		}
+	}
 	startErr := errors.Join(errs...)
 	// Step 2: the caller records the pids.
 	if startErr == nil && o.Created != nil {
@@ -175,6 +207,10 @@ func Run(o Options) (int, error) {
 	// Step 3: open the gates.
 	running := make([]bool, np)
 	parallel(np, func(r int) {
+		if followed[r] {
+			running[r] = true // restarted without a gate
+			return
+		}
 		sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
 		defer scancel()
 		if err := startRank(sctx, clients[r], job, r); err != nil {
@@ -374,6 +410,81 @@ func launchRank(ctx context.Context, c *Client, rec *launch.Record) (launch.Star
 		return err
 	})
 	return st, err
+}
+
+// elsewhereFor bounds launchElsewhere: the ring declares a lost node dead
+// within seconds, and a launch then waits for it to settle.
+const elsewhereFor = 30 * time.Second
+
+// lostAtLaunch reports whether a launch failed because its node is lost:
+// out of reach, or refusing (cut off from its ring's majority, fenced).
+func lostAtLaunch(err error) bool {
+	return Unreachable(err) || httpStatus(err) == http.StatusServiceUnavailable
+}
+
+// launchElsewhere creates rec's rank, whose node was lost during the
+// launch, on the first of alternates that takes it (LaunchInsteadOf:
+// once its ring has declared the lost node dead). The rank keeps its
+// logical node (RADIC_NODE: the address its peers know it by, as a rank
+// restarted elsewhere does); its group is its new host. follow: the lost
+// node had created the rank before it went, so its recovery restarts it
+// (or has: the alternate runs it) and radic run follows it there.
+func launchElsewhere(ctx context.Context, at func(int) *Client, daemons Daemons, rec launch.Record, alternates []int) (st launch.Started, alt launch.Record, follow bool, err error) {
+	lost := rec.Node
+	for _, m := range alternates {
+		if m == lost {
+			continue
+		}
+		alt = rec
+		alt.Node = m
+		if alt.Env, err = envForNode(rec.Env, daemons, m); err != nil {
+			continue
+		}
+		c := at(m)
+		for {
+			st, err = c.LaunchInsteadOf(ctx, &alt, lost)
+			switch code := httpStatus(err); {
+			case err == nil:
+				return st, alt, false, nil
+			case code == http.StatusConflict:
+				// Known already: here, held (our earlier attempt got
+				// through), or restarted by the recovery of lost.
+				rs, serr := c.Status(ctx, rec.Job, rec.Rank, 0)
+				if serr == nil && rs.State == launch.StateHeld {
+					return launch.Started{Pid: rs.Pid, Start: rs.Start}, alt, false, nil
+				}
+				return launch.Started{}, rec, true, nil
+			case code == http.StatusServiceUnavailable && ctx.Err() == nil:
+				sleep(ctx, retryEvery) // not declared dead yet, or its ring settling
+				continue
+			}
+			break // out of reach, or refused for good: the next
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = fmt.Errorf("no node to launch it in place of node %d", lost)
+	}
+	return launch.Started{}, rec, false, err
+}
+
+// envForNode is env for a rank hosted on node: RADIC_DAEMON names that
+// node's radicd, unless it is the node-local 127.0.0.1 (each node's radicd
+// is there in its own network namespace).
+func envForNode(env []string, daemons Daemons, node int) ([]string, error) {
+	out := slices.Clone(env)
+	for i, kv := range out {
+		if v, ok := strings.CutPrefix(kv, "RADIC_DAEMON="); ok && !strings.HasPrefix(v, "127.0.0.1:") {
+			addr, err := daemons(node)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = "RADIC_DAEMON=" + addr
+		}
+	}
+	return out, nil
 }
 
 // startRank opens the rank's gate, likewise: a retry told "started

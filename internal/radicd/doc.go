@@ -24,6 +24,8 @@
 //	GET  /v1/locate?job=J&addr=IP:PORT[&local=1]  is it a radic listener, and where is it now
 //	POST /v1/jobs/J/ranks           launch a rank of job J: a launch record {"version","job","rank","size","node","path","argv","env","cwd","stdin","merge_stderr"};
 //	                                stored with the protectors, then created held at its gate; 201 {"pid","start","protectors"}
+//	POST /v1/jobs/J/ranks?instead-of=N  the same, in place of node N lost during the launch (once the ring declared it dead; 409: N had created it)
+//	GET  /v1/jobs/J/guests          {"guests": [node ids]}: the logical nodes of J's ranks running here that are not this node's (restarted or launched here in their place)
 //	POST /v1/jobs/J/ranks/R/start   let it run; 422 with the reason when the exec failed
 //	GET  /v1/jobs/J/ranks/R[?wait=D]  {"state": held|running|exited, "exit": {"code","signal"}, "pid", ...}; with wait, once exited or after D
 //	GET  /v1/jobs/J/ranks/R/output?stream=stdout|stderr&from=F[&wait=D]  its bytes from offset F (those before F are released);

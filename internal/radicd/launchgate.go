@@ -91,3 +91,32 @@ func (d *Daemon) gate(ctx context.Context) (shape string, wait bool, err error) 
 // protector's fence timeout (recovery.go), within which a node that lost
 // its majority fences itself.
 func (d *Daemon) settle() time.Duration { return max(2*d.cfg.Fence, time.Second) }
+
+// insteadOf says whether this node may launch a rank in place of node
+// lost, which could not launch it (`radic run` got no answer from it, or
+// a refusal: cut off, fenced), from its ring's view st; known is whether
+// the rank is in this node's directory already (lost created it before it
+// was lost, and its recovery restarts it). Only once the ring has
+// declared lost dead: a node merely slow could still start the rank, and
+// no rank may run twice. The launch's own gate then waits for the ring to
+// settle, past the pushes lost made before it went.
+//
+// The answer is an HTTP status and why: 400 (no such node, or this one),
+// 503 (not declared dead yet: ask again), 409 (known: follow its
+// recovery), or 0 and nil.
+func insteadOf(st heartbeat.Status, lost int, known bool) (int, error) {
+	if lost == int(st.Self) {
+		return http.StatusBadRequest, fmt.Errorf("node %d cannot launch a rank in place of itself", lost)
+	}
+	i := slices.IndexFunc(st.Members, func(m heartbeat.MemberStatus) bool { return int(m.ID) == lost })
+	if i < 0 {
+		return http.StatusBadRequest, fmt.Errorf("node %d is not a member of node %d's ring", lost, st.Self)
+	}
+	if state := st.Members[i].State; state != "dead" {
+		return http.StatusServiceUnavailable, fmt.Errorf("node %d is %s to node %d, not dead: a rank is launched in its place only once the ring has declared it dead", lost, state, st.Self)
+	}
+	if known {
+		return http.StatusConflict, fmt.Errorf("the rank is known already (node %d created it before it was lost): its recovery restarts it", lost)
+	}
+	return 0, nil
+}

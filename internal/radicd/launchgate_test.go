@@ -62,3 +62,29 @@ func TestLaunchGate(t *testing.T) {
 		t.Errorf("a new incarnation of node 1 left the shape %q", ringShape(a))
 	}
 }
+
+// TestInsteadOf: a rank is launched in place of a node lost during the
+// launch only once the ring has declared that node dead, and only if the
+// node had not created it (then its recovery restarts it).
+func TestInsteadOf(t *testing.T) {
+	st := heartbeat.Status{Self: 4, Members: []heartbeat.MemberStatus{
+		{ID: 0, State: "alive"}, {ID: 1, State: "suspect"}, {ID: 2, State: "dead"}, {ID: 3, State: "alive"}, {ID: 4, State: "alive"}}}
+	for _, c := range []struct {
+		lost  int
+		known bool
+		code  int
+		err   string
+	}{
+		{2, false, 0, ""},
+		{2, true, 409, "its recovery restarts it"},
+		{1, false, 503, "node 1 is suspect to node 4, not dead"},
+		{0, false, 503, "node 0 is alive to node 4"},
+		{4, false, 400, "in place of itself"},
+		{7, false, 400, "node 7 is not a member"},
+	} {
+		code, err := insteadOf(st, c.lost, c.known)
+		if code != c.code || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("insteadOf(lost %d, known %v) = %d, %v; want %d, %q", c.lost, c.known, code, err, c.code, c.err)
+		}
+	}
+}

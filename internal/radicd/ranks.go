@@ -119,6 +119,7 @@ func (t *rankTable) remove(k rankKey, p *rankProc) {
 
 func (d *Daemon) rankRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/jobs", d.handleJobs)
+	mux.HandleFunc("GET /v1/jobs/{job}/guests", d.handleGuests)
 	mux.HandleFunc("POST /v1/jobs/{job}/ranks", d.handleLaunch)
 	mux.HandleFunc("POST /v1/jobs/{job}/ranks/{rank}/start", d.handleStart)
 	mux.HandleFunc("GET /v1/jobs/{job}/ranks/{rank}", d.handleRankStatus)
@@ -170,6 +171,23 @@ func (d *Daemon) handleLaunch(w http.ResponseWriter, r *http.Request) {
 	if p := d.ranks.get(k); p != nil {
 		http.Error(w, fmt.Sprintf("rank %d of job %s is already launched on node %d (pid %d)", rec.Rank, rec.Job, d.cfg.Node, p.id.Pid), http.StatusConflict)
 		return
+	}
+	if v := r.URL.Query().Get("instead-of"); v != "" {
+		lost, err := strconv.Atoi(v)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("instead-of=%q: want a node id", v), http.StatusBadRequest)
+			return
+		}
+		st, ok := d.runner.Status(r.Context())
+		if !ok {
+			http.Error(w, "daemon stopping", http.StatusServiceUnavailable)
+			return
+		}
+		if code, err := insteadOf(st, lost, d.dir.has(k)); err != nil {
+			http.Error(w, fmt.Sprintf("launch rank %d of job %s in place of node %d: %v", rec.Rank, rec.Job, lost, err), code)
+			return
+		}
+		d.log.Warn("launching a rank in place of a node lost during the launch", "job", rec.Job, "rank", rec.Rank, "lost", lost)
 	}
 	path, err := lookPath(rec.Path, rec.Env)
 	if err != nil {
@@ -233,6 +251,26 @@ func (d *Daemon) handleLaunch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(launch.Started{Pid: p.id.Pid, Start: p.id.Start, Protectors: prots})
+}
+
+// handleGuests answers which logical nodes other than this one have ranks
+// of the job running here (restarted here, or launched in place of a lost
+// node). A rank's shim asks before it takes a connection from its own
+// node for plain TCP: a guest's connections to it are managed (the guest
+// sends a radic hello), though they come from this node's address.
+func (d *Daemon) handleGuests(w http.ResponseWriter, r *http.Request) {
+	job := r.PathValue("job")
+	guests := []int{}
+	d.ranks.mu.Lock()
+	for k, p := range d.ranks.ranks {
+		n, err := strconv.Atoi(envValue(p.rec.Env, "RADIC_NODE"))
+		if k.job == job && err == nil && n != d.cfg.Node && !slices.Contains(guests, n) {
+			guests = append(guests, n)
+		}
+	}
+	d.ranks.mu.Unlock()
+	slices.Sort(guests)
+	writeJSON(w, map[string][]int{"guests": guests})
 }
 
 // storeLaunch stores rec with this node's protectors. A ring that names

@@ -115,6 +115,14 @@ func (dir *directory) finishedGroup(g int, job string) bool {
 	return n > 0
 }
 
+// has reports whether rank k is in the directory (at any epoch).
+func (dir *directory) has(k rankKey) bool {
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	_, ok := dir.ranks[k]
+	return ok
+}
+
 func (dir *directory) forget(job string) {
 	dir.mu.Lock()
 	defer dir.mu.Unlock()

@@ -412,8 +412,6 @@ var knownDefects = []struct {
 	what    string
 	re, and *regexp.Regexp // and: nil, or must match too
 }{
-	{"radic run gives up the job when a node dies or is cut off while its rank is being launched (jobrun.Run step 1: a launch unreachable, or refused by a node that lost its ring's majority (launchgate.go), is an error to start the job; the rank is not launched elsewhere)",
-		regexp.MustCompile(`radic run: rank \d+ on node \d+: .*launch rank \d+: (unreachable|.*not a majority|.*is fenced)`), nil},
 	{"a group whose ranks have all exited 0 is restarted when its node dies in the few milliseconds after their exit before their daemon has pushed them as finished (RankLoc.Finished: radic run has read their output to its end), and the re-executed rank cannot reconnect to a master that closed its listener",
 		regexp.MustCompile(`connect to rank \d+: Connection refused \(gave up after`),
 		regexp.MustCompile(`restarted on node \d+ in [0-9.]+ s[^\n]*\n(.*\n)*.*restarted on node \d+ in`)},

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/internal/clustertest"
+	"github.com/radic-project/radic/internal/testenv"
 	"github.com/radic-project/radic/internal/radicd"
 )
 
@@ -335,5 +336,52 @@ func TestFenceIsNotACrash(t *testing.T) {
 	}
 	if !regexp.MustCompile(`radic run: node 1 died at [0-9:.]+; rank 1 restarted on node 2 in [0-9.]+ s; live again\n`).MatchString(out.String()) {
 		t.Errorf("no recovery of rank 1 on the spare:\n%s", out.String())
+	}
+}
+
+// TestLaunchInPlaceOfLostNode: a node lost before the job's launch reaches
+// it (its link cut: no answer; or partitioned from the rest of its ring:
+// it fences itself and refuses) does not stop a job under recovery: once
+// the ring has declared the node dead, its rank is launched on the spare,
+// under its own logical node (its peers reach it at the address they were
+// given), and the job ends with the fault-free output. Without a spare it
+// goes to node 0, where rank 0 listens: Jacobi's rank 3 connects to it
+// from rank 0's own node, and that connection, a guest's, is managed
+// (rank 0's shim reads its hello; taken for plain TCP, rank 0 read
+// radic's bytes as the peer's rank: "unexpected connection from rank
+// 1380009033", "RADI").
+func TestLaunchInPlaceOfLostNode(t *testing.T) {
+	run := []string{"--np", "4", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+		testenv.Artifact(t, "build/apps/jacobi"), "--n", "128", "--iters", "200"}
+	var want string
+	for _, tc := range []struct {
+		name, fault string
+		up          []string
+		on          int
+	}{
+		{"cut-link", "cut-link", []string{"--spares", "1", "--fence-kill"}, 4},
+		{"partition", "partition", []string{"--spares", "1", "--fence-kill"}, 4},
+		{"no-spare", "cut-link", []string{"--fence-kill"}, 0},
+	} {
+		fault := tc.fault
+		t.Run(tc.name, func(t *testing.T) {
+			c := newNetnsCluster(t, 4, tc.up...)
+			if want == "" {
+				code, out := c.runJob(run...)
+				if want = appLines(out); code != 0 || !strings.Contains(want, "digest=") {
+					t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
+				}
+			}
+			if o, err := c.radic("fault", fault, "3"); err != nil {
+				t.Fatalf("%s 3: %v\n%s", fault, err, o)
+			}
+			code, out := c.runJob(run...)
+			if got := appLines(out); code != 0 || got != want {
+				t.Fatalf("status %d, output:\n%s\nwant:\n%s\nwhole output:\n%s", code, got, want, out)
+			}
+			if !regexp.MustCompile(`radic run: rank 3: node 3 was lost during the launch \(.*\); launched on node ` + itoa(tc.on) + ` in its place`).MatchString(out) {
+				t.Fatalf("rank 3 not launched on node %d in place of node 3:\n%s", tc.on, out)
+			}
+		})
 	}
 }
