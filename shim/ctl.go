@@ -691,23 +691,32 @@ func (c *conn) readCtl(nc net.Conn) {
 	}
 }
 
-// peerFinished: the peer has closed and we have read everything it sent,
-// and it acknowledged everything we sent: its control channel going away
-// is the end, not a failure.
+// peerFinished: the peer has closed and we have everything it sent (read,
+// or in the log a restarted process replays), and it acknowledged
+// everything we sent (a replay's acknowledged offset is the peer's, ahead
+// of what it has regenerated): its control channel going away is the
+// end, not a failure.
 func (c *conn) peerFinished() bool {
 	end := uint64(C.radic_conn_peer_end(c.c))
-	return end != math.MaxUint64 && uint64(C.radic_conn_recvd(c.c)) == end &&
-		uint64(C.radic_conn_acked(c.c)) == uint64(C.radic_conn_sent(c.c))
+	return end != math.MaxUint64 && uint64(C.radic_conn_resume_point(c.c)) >= end &&
+		uint64(C.radic_conn_acked(c.c)) >= uint64(C.radic_conn_sent(c.c))
 }
 
-// finishQuietly: the peer is gone after a clean close; later writes get EPIPE.
+// finishQuietly: the peer is gone after a clean close; later writes get
+// EPIPE. In a replay they are dropped instead (radic_conn_peer_gone): the
+// process regenerates sends its first run made while the peer was there.
 func (c *conn) finishQuietly() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.failed {
-		c.failed = true
-		C.radic_conn_fail(c.c, C.int(syscall.EPIPE), C.int(c.fd0()))
+	if c.failed {
+		return
 	}
+	c.failed = true
+	if c.replayed {
+		C.radic_conn_peer_gone(c.c, C.radic_conn_peer_end(c.c), C.int(c.fd0()))
+		return
+	}
+	C.radic_conn_fail(c.c, C.int(syscall.EPIPE), C.int(c.fd0()))
 }
 
 // awaitMarker waits a little for the close marker after an end of stream.

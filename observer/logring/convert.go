@@ -26,6 +26,7 @@ type Converter struct {
 
 type connLog struct {
 	next    uint64 // stream offset the next bytes must start at
+	known   bool   // next is known: the connection began here, or bytes came
 	pending uint64 // bytes of DATA records since the last receive determinant
 }
 
@@ -159,14 +160,19 @@ func (c *Converter) plan(recs []Record) ([]planRec, map[uint64]*connLog, error) 
 			}
 			continue
 		}
-		cl, seen := get(r.Conn)
+		cl, _ := get(r.Conn)
+		if (r.Type == TypeConnect || r.Type == TypeAccept) && !cl.known {
+			cl.next, cl.known = 0, true // a new connection's stream starts at 0
+		}
 		if len(r.Payload) > 0 {
-			if seen && r.Offset != cl.next {
+			if cl.known && r.Offset != cl.next {
 				return fail(i, r, fmt.Sprintf("bytes not contiguous: want offset %d", cl.next))
 			}
-			if !seen {
-				cl.next = r.Offset
-			}
+			// A connection a restarted process replayed continues where
+			// its log ends: its first bytes here say where. (A receive
+			// that returned nothing, EAGAIN after the log ran out, may
+			// come first and says nothing of it.)
+			cl.next, cl.known = r.Offset, true
 			if j, ok := open[r.Conn]; ok && out[j].n+len(r.Payload) <= maxCoalesce {
 				out[j].pieces = append(out[j].pieces, r.Payload)
 				out[j].n += len(r.Payload)

@@ -167,6 +167,26 @@ func TestConvertPolls(t *testing.T) {
 	}
 }
 
+// TestConvertReplayedConnection: a restarted process's connection that it
+// replayed continues at its log's end; a receive that returned nothing
+// (EAGAIN once the log ran out) may be its first record and does not pin
+// the stream at 0 (CI campaign, kill-rank 2 of Jacobi: "bytes not
+// contiguous: want offset 0", every send held for ever).
+func TestConvertReplayedConnection(t *testing.T) {
+	c := NewConverter(1, 700)
+	recs := []Record{
+		{Type: TypeRecv, Result: -int32(syscall.EAGAIN), Conn: 3 << 32},
+		{Type: TypeRecvData, Result: 4, Conn: 3 << 32, Offset: 70664, Payload: []byte("abcd")},
+	}
+	if _, err := c.Convert(nil, recs); err != nil {
+		t.Fatalf("Convert: %v", err)
+	}
+	next := []Record{{Type: TypeRecvData, Result: 1, Conn: 3 << 32, Offset: 70669, Payload: []byte("e")}}
+	if _, err := c.Convert(nil, next); err == nil {
+		t.Fatal("a gap after the first bytes was taken")
+	}
+}
+
 func TestConvertRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -187,6 +207,10 @@ func TestConvertRefuses(t *testing.T) {
 		{"error after bytes", []Record{
 			{Type: TypeData, Conn: 1, Offset: 0, Payload: []byte("ab")},
 			{Type: TypeRecv, Result: -int32(syscall.ECONNRESET), Conn: 1},
+		}},
+		{"a new connection's bytes not from 0", []Record{
+			{Type: TypeAccept, Conn: 1, Offset: 20200},
+			{Type: TypeRecvData, Result: 2, Conn: 1, Offset: 5, Payload: []byte("ab")},
 		}},
 		{"reserved connection", []Record{
 			{Type: TypeRecv, Result: 0, Conn: observer.DeterminantStream},
