@@ -284,6 +284,9 @@ type RecoveryEvent struct {
 	// Replayed is the bytes the restarted processes replayed from their
 	// log, when the replay step reported it (absent: not known).
 	Replayed *uint64 `json:"replayed_bytes,omitempty"`
+	// Phases are the seconds each phase it reached took, by name (detect,
+	// confirm, restart, reconnect, replay, reprotect: protector.Phase).
+	Phases map[string]float64 `json:"phases,omitempty"`
 }
 
 // RecoveryProgress is a recovery under way, as its recoverer (the

@@ -264,6 +264,14 @@ func eventOf(r protector.Record, fatal bool, replayed *uint64) RecoveryEvent {
 	if r.To == protector.None {
 		ev.To = -1
 	}
+	for ph, d := range r.Phases {
+		if d > 0 {
+			if ev.Phases == nil {
+				ev.Phases = map[string]float64{}
+			}
+			ev.Phases[protector.Phase(ph).String()] = d.Seconds()
+		}
+	}
 	if r.Err == nil {
 		return ev
 	}

@@ -86,6 +86,8 @@ func TestRecoveryMetricsObserve(t *testing.T) {
 func TestEventOf(t *testing.T) {
 	n := uint64(38 << 20)
 	base := protector.Record{Group: 2, Cause: protector.CauseNode, From: 2, To: 4, Epoch: 1, Start: t0, Total: ms(840)}
+	phased := base
+	phased.Phases[protector.PhaseDetect], phased.Phases[protector.PhaseReplay] = ms(300), ms(40)
 	withErr := func(ph protector.Phase, err error) protector.Record {
 		r := base
 		r.Err = &protector.RecoveryError{Group: 2, Phase: ph, Node: 4, Err: err}
@@ -99,6 +101,8 @@ func TestEventOf(t *testing.T) {
 		want     launch.RecoveryEvent
 	}{
 		{"ok", base, false, &n, launch.RecoveryEvent{Group: 2, Cause: "node", From: 2, To: 4, Epoch: 1, Start: t0, Seconds: 0.84, Replayed: &n}},
+		{"phases", phased, false, nil, launch.RecoveryEvent{Group: 2, Cause: "node", From: 2, To: 4, Epoch: 1, Start: t0, Seconds: 0.84,
+			Phases: map[string]float64{"detect": 0.3, "replay": 0.04}}},
 		{"failed", withErr(protector.PhaseRestart, protector.ErrNoTarget), true, nil, launch.RecoveryEvent{Group: 2, Cause: "node", From: 2, To: 4, Epoch: 1, Start: t0, Seconds: 0.84,
 			Phase: "restart", Error: "protector: no node to restart on"}},
 		{"unprotected", withErr(protector.PhaseReprotect, protector.ErrNoProtector), true, nil, launch.RecoveryEvent{Group: 2, Cause: "node", From: 2, To: 4, Epoch: 1, Start: t0, Seconds: 0.84,

@@ -874,12 +874,20 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 		// the process's hold path, the write is not. Only when nothing
 		// more is already waiting to be read: the next frame's ack
 		// covers this one.
+		//
+		// A frame counted as taken is queued even if its ack cannot be
+		// sent (the node died meanwhile): settle waits for every taken
+		// frame to be stored, and a frame dropped here made the listing
+		// that a replay of that node starts with wait until it timed
+		// out, and the restart fail (BenchmarkRecoveryTimes, kill-node:
+		// "streams of node 1's group on node 0: ... context deadline
+		// exceeded"). Storing it is right too: the node may have seen an
+		// earlier ack cover it, and its process received those bytes.
 		lw.taken.Add(1) // before the ack: a reader that trusts it settles
 		rc.recv.Store(seq)
+		var ackErr error
 		if ackRecv && br.Buffered() < replHdrLen {
-			if err := rc.sendAck(); err != nil {
-				return err
-			}
+			ackErr = rc.sendAck()
 		}
 		lw.qbytes.Add(int64(n))
 		select {
@@ -892,6 +900,9 @@ func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) e
 			case lw.kick <- struct{}{}:
 			default:
 			}
+		}
+		if ackErr != nil {
+			return ackErr
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -329,4 +330,33 @@ func TestLogWriterSettle(t *testing.T) {
 	if err := w.settle(context.Background(), time.Millisecond); err == nil || !strings.Contains(err.Error(), "1 received batches") {
 		t.Fatalf("settle with a batch never stored = %v; want the count named", err)
 	}
+}
+
+// TestReplFrameKeptWhenAckFails: a frame read whole is stored even when
+// its receipt cannot be acknowledged (the node died just then), so that
+// settle, and the listing a replay starts with, does not wait for a frame
+// that was counted and dropped.
+func TestReplFrameKeptWhenAckFails(t *testing.T) {
+	p := newReplPair(t, StableMemory)
+	lw, err := p.prot.logWriterFor(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := dataBody(9, 0, []byte("received by a process whose node died"))
+	var frame bytes.Buffer
+	var h [replHdrLen]byte
+	binary.LittleEndian.PutUint32(h[0:], uint32(len(body)))
+	binary.LittleEndian.PutUint64(h[4:], 1)
+	frame.Write(h[:])
+	frame.Write(body)
+	ours, theirs := net.Pipe()
+	theirs.Close() // every ack fails
+	rc := &replConn{c: ours, done: make(chan struct{})}
+	if err := p.prot.readReplStream(rc, bufio.NewReader(&frame), lw); err == nil {
+		t.Fatal("readReplStream returned no error though its ack could not be sent")
+	}
+	if err := lw.settle(context.Background(), 5*time.Second); err != nil {
+		t.Fatalf("settle after a failed ack: %v", err)
+	}
+	p.waitStored(t, 9, []byte("received by a process whose node died"))
 }

@@ -17,6 +17,12 @@
 //     cut for 2 s and healed, 20 times: the time from the heal to data
 //     flowing again, median and max; goal: under 100 ms plus the backoff
 //     step (see healGoal).
+//   - BenchmarkRecoveryOverhead (recovery_test.go): pessimistic logging
+//     against safe sockets without it and bare TCP.
+//   - BenchmarkRecoveryTimes (recoverytime_test.go): kill-node of a
+//     stream's rank, 20 times, each on a fresh cluster with a spare and
+//     radicd as `radic cluster up --fence-kill` runs it: detection,
+//     restart, reconnection and replay times.
 //
 // Timing is reported (a markdown table on stdout, the runs in the log),
 // never failed on; a run that breaks (a rank fails, a managed run was not
@@ -27,6 +33,7 @@
 //	RADIC_BENCH=1                 run at all (`make bench` sets it)
 //	RADIC_BENCH_RUNS=N            bare and managed runs per overhead row (default 9, >= 5)
 //	RADIC_BENCH_HEAL_TRIALS=N     cuts per heal row (default 20, >= 3)
+//	RADIC_BENCH_RECOVERY_TRIALS=N kill-node trials (default 20, >= 3)
 package safebench_test
 
 import (
@@ -44,6 +51,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -92,11 +100,23 @@ type bc struct {
 	prog  string // build/apps/netbench
 	lib   string // which libradic.so the managed runs preload
 	env   []string
+	down  sync.Once
 }
 
 // newCluster brings up a two-node netns cluster for b, with radicd
 // tolerant of link cuts, and removes it when b ends.
 func newCluster(b *testing.B) *bc {
+	b.Helper()
+	// No cut may get a node declared dead or fenced (a node cut off from
+	// the ring fences itself after 400 ms by default): these benchmarks
+	// are about the connections. Fence timeout: 30 s + 5 s - 2 periods.
+	return newClusterWith(b, 0, []string{"--heartbeat-timeout", "30s", "--probe-timeout", "5s"})
+}
+
+// newClusterWith brings up a two-node netns cluster with spares spare
+// nodes, radicd run with radicdArgs, more arguments to `radic cluster up`;
+// it is removed when b ends, or sooner by c.takeDown.
+func newClusterWith(b *testing.B, spares int, radicdArgs []string, upArgs ...string) *bc {
 	b.Helper()
 	c := &bc{b: b, radic: testenv.Artifact(b, "bin/radic"), prog: testenv.Artifact(b, "build/apps/netbench")}
 	radicd := testenv.Artifact(b, "bin/radicd")
@@ -107,15 +127,7 @@ func newCluster(b *testing.B) *bc {
 	}
 	c.dir = dir
 	c.name = fmt.Sprintf("b%05x", rand.IntN(1<<20))
-	b.Cleanup(func() {
-		if b.Failed() {
-			c.dumpLogs()
-		}
-		if out, err := c.radicErr("cluster", "down"); err != nil {
-			b.Errorf("cleanup: radic cluster down: %v\n%s", err, out)
-		}
-		os.RemoveAll(dir)
-	})
+	b.Cleanup(c.takeDown)
 	// Every managed run of the benchmark preloads one and the same
 	// library: a copy of lib/libradic.so and of its Go half,
 	// lib/libradic-go.so (loaded from beside it), as they are now (a
@@ -144,15 +156,12 @@ func newCluster(b *testing.B) *bc {
 	c.lib = fmt.Sprintf("lib/libradic.so + libradic-go.so of %s, sha256 %x...", libTime.Format("15:04:05"), sum[:6])
 	c.env = append(os.Environ(), "RADIC_STATE_DIR="+dir, "RADIC_LIB="+libCopy)
 	b.Logf("managed runs preload a copy of %s", c.lib)
-	// No cut may get a node declared dead or fenced (a node cut off from
-	// the ring fences itself after 400 ms by default): these benchmarks
-	// are about the connections. Fence timeout: 30 s + 5 s - 2 periods.
-	w := filepath.Join(dir, "radicd-tolerant")
-	script := fmt.Sprintf("#!/bin/sh\nexec %s --heartbeat-timeout 30s --probe-timeout 5s \"$@\"\n", radicd)
+	w := filepath.Join(dir, "radicd-wrapped")
+	script := fmt.Sprintf("#!/bin/sh\nexec %s %s \"$@\"\n", radicd, strings.Join(radicdArgs, " "))
 	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
 		b.Fatal(err)
 	}
-	args := []string{"cluster", "up", "--mode", cluster.ModeNetns, "--name", c.name, "--nodes", "2", "--spares", "0", "--radicd", w}
+	args := append([]string{"cluster", "up", "--mode", cluster.ModeNetns, "--name", c.name, "--nodes", "2", "--spares", strconv.Itoa(spares), "--radicd", w}, upArgs...)
 	for try := 0; ; try++ {
 		sub := fmt.Sprintf("10.%d.0.0/16", 100+rand.IntN(150))
 		out, err := c.radicErr(append(args, "--subnet", sub)...)
@@ -165,6 +174,19 @@ func newCluster(b *testing.B) *bc {
 		}
 		b.Fatalf("radic cluster up: %v\n%s", err, out)
 	}
+}
+
+// takeDown removes the cluster (once; b's cleanup calls it too).
+func (c *bc) takeDown() {
+	c.down.Do(func() {
+		if c.b.Failed() {
+			c.dumpLogs()
+		}
+		if out, err := c.radicErr("cluster", "down"); err != nil {
+			c.b.Errorf("cleanup: radic cluster down: %v\n%s", err, out)
+		}
+		os.RemoveAll(c.dir)
+	})
 }
 
 func lastLine(s string) string {
@@ -295,8 +317,15 @@ type job struct {
 // b ends, if it has not ended by then.
 func (c *bc) start(managed bool, args ...string) *job {
 	c.b.Helper()
-	cmd := exec.Command(c.radic, c.runArgs(managed, args...)...)
-	cmd.Env = append(append([]string(nil), c.env...), "RADIC_LOG=debug")
+	return c.startRaw([]string{"RADIC_LOG=debug"}, c.runArgs(managed, args...)...)
+}
+
+// startRaw starts radic with args and env added to c's in the background;
+// the job is stopped when b ends, if it has not ended by then.
+func (c *bc) startRaw(env []string, args ...string) *job {
+	c.b.Helper()
+	cmd := exec.Command(c.radic, args...)
+	cmd.Env = append(append([]string(nil), c.env...), env...)
 	cmd.WaitDelay = time.Second // ranks orphaned by a killed radic keep its output pipe
 	j := &job{b: c.b, cmd: cmd, out: new(testenv.Buffer), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = j.out, j.out
@@ -315,7 +344,7 @@ func (c *bc) start(managed bool, args ...string) *job {
 			}
 		}
 		if c.b.Failed() {
-			c.b.Logf("output of radic %s (%v):\n%s", strings.Join(c.runArgs(managed, args...), " "), j.err, tail(j.out.String(), 20000))
+			c.b.Logf("output of radic %s (%v):\n%s", strings.Join(args, " "), j.err, tail(j.out.String(), 20000))
 		}
 	})
 	return j
