@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/internal/clustertest"
-	"github.com/radic-project/radic/internal/testenv"
 	"github.com/radic-project/radic/internal/radicd"
+	"github.com/radic-project/radic/internal/testenv"
 )
 
 // counter is a deterministic rank that uses no sockets: 30 numbered
