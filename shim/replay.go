@@ -236,9 +236,12 @@ func (r *replayState) resumedConn(id uint64) {
 
 // routineProgress tells radicd when every logged connection has resumed
 // (the protector's Reconnected) and when every log is used up (Live).
+// It looks every progressEvery while the replay lasts (a second or so):
+// at 20 ms the replay phase of a 14 MB log measured 40 ms, mostly the
+// tick, and the recovery ended that much later.
 func (s *safeSockets) routineProgress() {
 	r := s.replay
-	t := time.NewTicker(20 * time.Millisecond)
+	t := time.NewTicker(progressEvery)
 	defer t.Stop()
 	stage := "reconnected"
 	for range t.C {
@@ -399,6 +402,9 @@ func initiatorLpid(id uint64) string {
 	}
 	return strconv.FormatUint(id>>32, 10)
 }
+
+// progressEvery: see routineProgress.
+const progressEvery = 2 * time.Millisecond
 
 func (s *safeSockets) postStage(stage string) {
 	req, err := newRequest("POST", fmt.Sprintf("http://%s/v1/replay/%d/%s", s.loc.daemon, s.replay.owner, stage), "")
