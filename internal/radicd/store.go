@@ -167,7 +167,7 @@ func (d *Daemon) handleReplicaAppend(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := readBody(w, r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -190,6 +190,22 @@ func (d *Daemon) handleReplicaAppend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// readBody reads a request body of at most maxBody bytes, into one buffer
+// of its announced length: growing one (io.ReadAll) touched fresh pages
+// several times over, which this VM pays for per page (a restarted rank's
+// log, tens of MB, went to its new protectors at ~70 MB/s).
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, maxBody)
+	if n := r.ContentLength; n > 0 && n <= maxBody {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(body)
 }
 
 // handleReplicaStreams lists node=ID's streams held here.
