@@ -52,7 +52,15 @@ func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 	fail := func(format string, args ...any) (*ReceiveLog, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
 	}
-	var dets []byte
+	// Each stream's buffer is allocated once, for the bytes its records
+	// hold (more if they overlap; never more than the records): grown by
+	// appends, a log of tens of MB touched fresh pages several times
+	// over, which some VMs pay for per page.
+	sizes := map[uint64]int{}
+	for i := range recs {
+		sizes[recs[i].Stream] += len(recs[i].Payload)
+	}
+	dets := make([]byte, 0, sizes[DeterminantStream])
 	data := map[uint64][]byte{}
 	ends := map[uint64]uint64{}
 	for i := range recs {
@@ -62,7 +70,10 @@ func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 		case r.Kind == msgrec.KindDeterminant && r.Stream == DeterminantStream:
 			buf = &dets
 		case r.Kind == msgrec.KindData && r.Stream != DeterminantStream:
-			b := data[r.Stream]
+			b, ok := data[r.Stream]
+			if !ok {
+				b = make([]byte, 0, sizes[r.Stream])
+			}
 			buf = &b
 		default:
 			return fail("record %d: a %v record on stream %d", i, r.Kind, r.Stream)

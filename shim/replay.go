@@ -65,7 +65,15 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	var body []byte
+	if n := resp.ContentLength; n > 0 && resp.StatusCode == http.StatusOK {
+		// One buffer of the log's size: grown by io.ReadAll, a log of
+		// tens of MB touched fresh pages several times over.
+		body = make([]byte, n)
+		_, err = io.ReadFull(resp.Body, body)
+	} else {
+		body, err = io.ReadAll(resp.Body)
+	}
 	if err != nil {
 		return nil, err
 	}

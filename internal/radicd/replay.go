@@ -315,6 +315,7 @@ func (d *Daemon) replayRoutes(mux *http.ServeMux) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(len(l.body))) // the shim reads it into one buffer
 		_, _ = w.Write(l.body)
 	})
 	mux.HandleFunc("POST /v1/replay/{owner}/{stage}", func(w http.ResponseWriter, r *http.Request) {
