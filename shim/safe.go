@@ -607,9 +607,13 @@ func (s *safeSockets) accept(lfd, fd int) bool {
 // for one, not taken for plain TCP at once (the app would read radic's
 // bytes). Once true it stays true; radicd is asked again at every accept
 // from our own node until then (a guest is known to it before it runs).
+// Only recovery makes guests: without it nobody is asked.
 func (s *safeSockets) hostsGuests() bool {
 	if s.guests.Load() {
 		return true
+	}
+	if !recoveryOn() {
+		return false
 	}
 	var r struct {
 		Guests []int `json:"guests"`
