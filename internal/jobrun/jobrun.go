@@ -435,11 +435,13 @@ func launchElsewhere(ctx context.Context, at func(int) *Client, daemons Daemons,
 		if m == lost {
 			continue
 		}
-		alt = rec
-		alt.Node = m
-		if alt.Env, err = envForNode(rec.Env, daemons, m); err != nil {
+		addr, derr := daemons(m)
+		if derr != nil {
+			err = derr
 			continue
 		}
+		alt = rec
+		alt.Node, alt.Env = m, launch.HostedEnv(rec.Env, addr)
 		c := at(m)
 		for {
 			st, err = c.LaunchInsteadOf(ctx, &alt, lost)
@@ -468,23 +470,6 @@ func launchElsewhere(ctx context.Context, at func(int) *Client, daemons Daemons,
 		err = fmt.Errorf("no node to launch it in place of node %d", lost)
 	}
 	return launch.Started{}, rec, false, err
-}
-
-// envForNode is env for a rank hosted on node: RADIC_DAEMON names that
-// node's radicd, unless it is the node-local 127.0.0.1 (each node's radicd
-// is there in its own network namespace).
-func envForNode(env []string, daemons Daemons, node int) ([]string, error) {
-	out := slices.Clone(env)
-	for i, kv := range out {
-		if v, ok := strings.CutPrefix(kv, "RADIC_DAEMON="); ok && !strings.HasPrefix(v, "127.0.0.1:") {
-			addr, err := daemons(node)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = "RADIC_DAEMON=" + addr
-		}
-	}
-	return out, nil
 }
 
 // startRank opens the rank's gate, likewise: a retry told "started

@@ -333,3 +333,20 @@ type JobRecovery struct {
 	Ranks  []RankLoc       `json:"ranks"`
 	Events []RecoveryEvent `json:"events"`
 }
+
+// HostedEnv is env for a rank hosted on another node than the one it was
+// launched for (restarted there, or launched there in place of a lost
+// node): RADIC_DAEMON names that node's radicd, daemon, unless it is the
+// node-local 127.0.0.1 (netns mode: every node's radicd is there in its
+// own namespace). RADIC_NODE stays: it is the rank's logical node, whose
+// address the app sees as its own.
+func HostedEnv(env []string, daemon string) []string {
+	out := make([]string, len(env))
+	for i, kv := range env {
+		if strings.HasPrefix(kv, "RADIC_DAEMON=") && !strings.HasPrefix(kv, "RADIC_DAEMON=127.0.0.1:") {
+			kv = "RADIC_DAEMON=" + daemon
+		}
+		out[i] = kv
+	}
+	return out
+}

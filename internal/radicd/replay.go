@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer"
@@ -247,20 +248,17 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 }
 
 // restartEnv is a restarted rank's environment: RADIC_REPLAY=<epoch>, and
-// on another node than its first, RADIC_DAEMON naming this node's radicd
-// unless it is the node-local 127.0.0.1 (netns mode: every node's radicd
-// is there in its own namespace). RADIC_NODE stays: it is the rank's
-// logical node, whose address the app sees as its own (contract 3).
+// on another node than its first, launch.HostedEnv's (RADIC_NODE stays:
+// the app's own address is its logical node's, contract 3).
 func restartEnv(env []string, epoch uint64, moved bool, daemon string) []string {
 	out := make([]string, 0, len(env)+1)
 	for _, kv := range env {
-		switch {
-		case strings.HasPrefix(kv, "RADIC_REPLAY="), strings.HasPrefix(kv, "RADIC_LOG_FILE="):
-			continue
-		case moved && strings.HasPrefix(kv, "RADIC_DAEMON=") && !strings.HasPrefix(kv, "RADIC_DAEMON=127.0.0.1:"):
-			kv = "RADIC_DAEMON=" + daemon
+		if !strings.HasPrefix(kv, "RADIC_REPLAY=") && !strings.HasPrefix(kv, "RADIC_LOG_FILE=") {
+			out = append(out, kv)
 		}
-		out = append(out, kv)
+	}
+	if moved {
+		out = launch.HostedEnv(out, daemon)
 	}
 	return append(out, "RADIC_REPLAY="+strconv.FormatUint(epoch, 10))
 }
