@@ -28,6 +28,11 @@ type ReceiveLog struct {
 	// call order (KindReady determinants): a restarted process's polls
 	// report what these did, until they are used up.
 	Ready []Determinant
+	// Connects are the process's connects to nodes of the job, made and
+	// failed, in call order (KindConnect determinants): a restarted
+	// process's connects fail where these did, so that a program that
+	// retries until its peer listens tries as often as it did.
+	Connects []Determinant
 	// DetLen is the determinant stream's length: where the restarted
 	// process's own determinants continue.
 	DetLen uint64
@@ -104,6 +109,9 @@ func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 		d, n, err := DecodeDeterminant(dets[off:])
 		if err != nil {
 			return fail("determinant at offset %d: %v", off, err)
+		}
+		if d.Kind == KindConnect {
+			log.Connects = append(log.Connects, d)
 		}
 		if d.Kind == KindConnect || d.Kind == KindAccept {
 			if d.Errno == 0 {

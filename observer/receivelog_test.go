@@ -77,6 +77,11 @@ func TestSplitReceivesConnections(t *testing.T) {
 		// In accept order, per port (not in id order); a failed accept
 		// returned no connection.
 		Accepts: map[uint16][]uint64{20200: {c4, c2}, 20300: {c3}},
+		// Connects, made and failed, in call order.
+		Connects: []Determinant{
+			{Kind: KindConnect, Conn: c1, Peer: netip.MustParseAddrPort("10.1.0.1:20100")},
+			{Kind: KindConnect, Conn: 9, Errno: syscall.ECONNREFUSED},
+		},
 		// Polls in call order.
 		Ready: []Determinant{
 			{Kind: KindReady, ReadyCall: ReadyPoll, Ready: []ReadyFd{{Fd: 4, Events: 1}}},

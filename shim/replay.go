@@ -50,6 +50,8 @@ type replayState struct {
 	accepts map[uint16][]uint64 // logged accepts the app has not made again, per port
 	// +checklocks:mu
 	held map[uint16][]*heldConn // connections accepted out of turn, per port
+	// +checklocks:mu
+	connects []observer.Determinant // logged connects not yet made again
 }
 
 // fetchReplay gets this process's log from radicd.
@@ -106,14 +108,37 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 		accepts[port] = append([]uint64(nil), ids...)
 	}
 	return &replayState{epoch: uint32(epoch), owner: owner, log: log, resumed: map[uint64]bool{},
-		accepts: accepts, held: map[uint16][]*heldConn{}}, nil
+		accepts: accepts, held: map[uint16][]*heldConn{}, connects: slices.Clone(log.Connects)}, nil
+}
+
+// failedConnect: a connect to peer whose turn in the first run failed (the
+// next logged connect is a failure to peer) fails again, at once, with the
+// logged errno: a program that retries until its peer listens tries as
+// often as it did. next is the id the next connection would get: logged
+// connections below it were made again.
+func (r *replayState) failedConnect(peer netip.AddrPort, next uint64) (errno int, ok bool) {
+	if r == nil {
+		return 0, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.connects) > 0 && r.connects[0].Errno == 0 && r.connects[0].Conn < next {
+		r.connects = r.connects[1:]
+	}
+	if len(r.connects) == 0 || r.connects[0].Errno == 0 || r.connects[0].Peer != peer {
+		return 0, false
+	}
+	e := r.connects[0].Errno
+	r.connects = r.connects[1:]
+	return int(e), true
 }
 
 // replayPolls hands C the logged polls (radic_replay_polls).
 func replayPolls(polls []observer.Determinant) error {
 	var v []uint32
 	for _, d := range polls {
-		v = append(v, uint32(d.Errno), uint32(len(d.Ready)))
+		// The call rides in the count's top byte (MaxReady < 1<<24).
+		v = append(v, uint32(d.Errno), uint32(d.ReadyCall)<<24|uint32(len(d.Ready)))
 		for _, r := range d.Ready {
 			v = append(v, r.Fd, r.Events, uint32(r.Conn), uint32(r.Conn>>32))
 		}

@@ -255,7 +255,12 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 		}
 		return 0, 0, true
 	}
+	logicalPeer := netip.AddrPortFrom(logical, ap.Port())
 	if s.replay != nil {
+		if e, ok := s.replay.failedConnect(logicalPeer, uint64(s.lpid)<<32|uint64(s.seq.Load())); ok {
+			debugf("fd %d: connect to %s fails as it did in the first run: %s", fd, ap, syscall.Errno(e))
+			return -1, e, true
+		}
 		if ret, e, ok := s.replayConnect(fd, ap); ok {
 			return ret, e, true
 		}
@@ -265,6 +270,8 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	// socket a candidate, for the app's retry.
 	peer, cur, loc, managed, e := s.dial(fd, ap)
 	if e != 0 {
+		// A determinant: the app's retries depend on it.
+		C.radic_log_connect_failed(C.uint64_t(logring.PackPeer(logicalPeer)), C.int(e))
 		return -1, e, true
 	}
 	if !managed {

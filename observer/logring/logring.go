@@ -100,13 +100,15 @@ const (
 	TypeRecv     Type = 2
 	TypeRecvData Type = 3
 	// TypeConnect: the process made managed connection Conn, to the
-	// logical peer Offset = IPv4 << 16 | port ([PackPeer]).
+	// logical peer Offset = IPv4 << 16 | port ([PackPeer]), or (Result
+	// -errno, Conn 0) its connect to that peer failed.
 	TypeConnect Type = 4
 	// TypeAccept: the process accepted connection Conn on logical port
 	// Offset.
 	TypeAccept Type = 5
-	// TypeReady: a poll or select over a set with managed fds reported
-	// the Offset fds in the payload ([ReadyFds]), or failed with -Result.
+	// TypeReady: a readiness call (Conn: its observer.ReadyCall, 0 for
+	// poll) over a set with managed fds reported the Offset fds in the
+	// payload ([ReadyFds]), or failed with -Result.
 	TypeReady Type = 6
 )
 
@@ -247,14 +249,14 @@ func Decode(b []byte) (Record, int, error) {
 		switch {
 		case plen != 0:
 			return bad("len", int64(n))
-		case r.Result != 0:
+		case r.Result > 0 || r.Result < -MaxErrno || (r.Result != 0 && (r.Type != TypeConnect || r.Conn != 0)):
 			return bad("result", int64(r.Result))
 		case r.Type == TypeConnect && r.Offset>>48 != 0, r.Type == TypeAccept && r.Offset>>16 != 0:
 			return bad("offset", int64(r.Offset))
 		}
 	case TypeReady:
 		switch {
-		case r.Conn != 0:
+		case r.Conn > uint64(observer.ReadyEpoll):
 			return bad("conn", int64(r.Conn))
 		case r.Result > 0 || r.Result < -MaxErrno:
 			return bad("result", int64(r.Result))

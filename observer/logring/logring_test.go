@@ -81,6 +81,7 @@ func TestConvertConnections(t *testing.T) {
 	const owner = 3
 	peer := netip.MustParseAddrPort("10.7.0.2:20100")
 	ring := enc(
+		Record{Type: TypeConnect, Result: -int32(syscall.ECONNREFUSED), Offset: PackPeer(peer)},
 		Record{Type: TypeConnect, Conn: 1<<32 | 0, Offset: PackPeer(peer)},
 		Record{Type: TypeAccept, Conn: 2<<32 | 4, Offset: 20200},
 		Record{Type: TypeRecvData, Result: 2, Conn: 2<<32 | 4, Offset: 0, Payload: []byte("hi")},
@@ -96,6 +97,9 @@ func TestConvertConnections(t *testing.T) {
 	want := []msglog.Record{
 		{Kind: msglog.KindData, Owner: owner, Stream: 2<<32 | 4, Offset: 0, Payload: []byte("hi")},
 		{Kind: msglog.KindDeterminant, Owner: owner, Stream: observer.DeterminantStream, Offset: 0, Payload: dets(t,
+			// A failed connect (the peer did not listen yet) is a
+			// determinant too: the app's retries depend on it.
+			observer.Determinant{Kind: observer.KindConnect, Errno: syscall.ECONNREFUSED, Peer: peer},
 			observer.Determinant{Kind: observer.KindConnect, Conn: 1<<32 | 0, Peer: peer},
 			observer.Determinant{Kind: observer.KindAccept, Conn: 2<<32 | 4, Port: 20200},
 			observer.Determinant{Kind: observer.KindRecv, Conn: 2<<32 | 4, N: 2},
@@ -106,6 +110,18 @@ func TestConvertConnections(t *testing.T) {
 	}
 	if got := UnpackPeer(PackPeer(netip.MustParseAddrPort("[::1]:5"))); got.IsValid() {
 		t.Errorf("an IPv6 peer packs to %v; want none", got)
+	}
+	for _, tc := range []struct {
+		name string
+		r    Record
+	}{
+		{"failed connect naming a connection", Record{Type: TypeConnect, Result: -111, Conn: 1 << 32}},
+		{"failed accept", Record{Type: TypeAccept, Result: -11}},
+		{"connect with a count", Record{Type: TypeConnect, Result: 1}},
+	} {
+		if _, _, err := Decode(enc(tc.r)); !errors.Is(err, ErrFormat) {
+			t.Errorf("%s: Decode = %v, want ErrFormat", tc.name, err)
+		}
 	}
 }
 
@@ -128,6 +144,9 @@ func TestConvertPolls(t *testing.T) {
 		Record{Type: TypeReady, Offset: 2, Payload: readyFds([3]uint64{7, 5, 1<<32 + 1}, [3]uint64{9, 1, 0})},
 		Record{Type: TypeReady}, // a timeout
 		Record{Type: TypeReady, Result: -int32(syscall.EINTR)},
+		// An epoll_wait's record names its call; fd -1: an event
+		// whose registration the shim did not know.
+		Record{Type: TypeReady, Conn: uint64(observer.ReadyEpoll), Offset: 2, Payload: readyFds([3]uint64{0xffffffff, 1, 0}, [3]uint64{7, 0x2001, 1<<32 + 1})},
 		Record{Type: TypeRecvData, Result: 1, Conn: 1 << 32, Payload: []byte("x")},
 	)
 	recs, err := DecodeAll(ring)
@@ -145,6 +164,8 @@ func TestConvertPolls(t *testing.T) {
 				Ready: []observer.ReadyFd{{Fd: 7, Events: 5, Conn: 1<<32 + 1}, {Fd: 9, Events: 1}}},
 			observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyPoll},
 			observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyPoll, Errno: syscall.EINTR},
+			observer.Determinant{Kind: observer.KindReady, ReadyCall: observer.ReadyEpoll,
+				Ready: []observer.ReadyFd{{Fd: 0xffffffff, Events: 1}, {Fd: 7, Events: 0x2001, Conn: 1<<32 + 1}}},
 			observer.Determinant{Kind: observer.KindRecv, Conn: 1 << 32, N: 1},
 		)},
 	}
@@ -155,7 +176,7 @@ func TestConvertPolls(t *testing.T) {
 		name string
 		r    Record
 	}{
-		{"on a connection", Record{Type: TypeReady, Conn: 7, Offset: 1, Payload: readyFds([3]uint64{5, 1, 0})}},
+		{"not a readiness call", Record{Type: TypeReady, Conn: 4, Offset: 1, Payload: readyFds([3]uint64{5, 1, 0})}},
 		{"count", Record{Type: TypeReady, Offset: 2, Payload: readyFds([3]uint64{5, 1, 0})}},
 		{"errno with fds", Record{Type: TypeReady, Result: -4, Offset: 1, Payload: readyFds([3]uint64{5, 1, 0})}},
 		{"positive result", Record{Type: TypeReady, Result: 1}},

@@ -1035,15 +1035,17 @@ int radic_replay_polls(const uint32_t *v, uint64_t n)
 	return 0;
 }
 
-/* The next logged poll: 1 with its errno, count and entries, or 0. */
-static int next_logged_poll(uint64_t *at, uint32_t *err, uint32_t *cnt, const uint32_t **entries)
+/* The next logged poll: 1 with its call, errno, count and entries, or 0. */
+static int next_logged_poll(uint64_t *at, uint32_t *call, uint32_t *err, uint32_t *cnt,
+			    const uint32_t **entries)
 {
 	pthread_mutex_lock(&replay_polls.mu);
 	int ok = replay_polls.pos < replay_polls.n;
 	if (ok) {
 		*at = replay_polls.pos;
 		*err = replay_polls.v[*at];
-		*cnt = replay_polls.v[*at + 1];
+		*call = replay_polls.v[*at + 1] >> 24;
+		*cnt = replay_polls.v[*at + 1] & 0xffffff;
 		*entries = replay_polls.v + *at + 2;
 		replay_polls.pos += 2 + 4 * (uint64_t)*cnt;
 		if (replay_polls.pos >= replay_polls.n) {
@@ -1053,6 +1055,49 @@ static int next_logged_poll(uint64_t *at, uint32_t *err, uint32_t *cnt, const ui
 	}
 	pthread_mutex_unlock(&replay_polls.mu);
 	return ok;
+}
+
+/* A logged readiness call answered by another kind of call: the
+ * re-executed process took another path. */
+static void __attribute__((noreturn)) ready_call_diverged(uint64_t at, uint32_t logged, const char *now)
+{
+	char msg[300];
+	snprintf(msg, sizeof msg,
+		 "DIVERGENCE: process %s: the first run's readiness call here was %s "
+		 "(determinant at %llu); the re-executed process calls %s: stopping (exit %d)",
+		 radic_lpid, logged == RADIC_READY_EPOLL ? "epoll_wait" : "poll or select",
+		 (unsigned long long)at, now, RADIC_EXIT_DIVERGED);
+	diverged_exit(msg);
+}
+
+/* The next logged wait, which must be of call want (now names the call
+ * the process makes): 1 with its count and entries, or with *failed set
+ * (errno: the logged error) if it failed; 0 when the log's waits are used
+ * up. */
+static int next_logged_wait(uint32_t want, const char *now, uint64_t *at, uint32_t *cnt,
+			    const uint32_t **entries, int *failed)
+{
+	uint32_t call, err;
+	if (!next_logged_poll(at, &call, &err, cnt, entries))
+		return 0;
+	if ((call == RADIC_READY_EPOLL) != (want == RADIC_READY_EPOLL))
+		ready_call_diverged(*at, call, now);
+	*failed = err != 0;
+	if (err != 0)
+		errno = (int)err;
+	return 1;
+}
+
+/* Polls the fds a logged wait reported that are no safe sockets, live,
+ * until they say so again or the wait's timeout. */
+static int poll_live(struct pollfd *p, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+	int r;
+	do {
+		struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+		r = REAL(ppoll)(p, n, timeout_ms < 0 ? NULL : &ts, mask);
+	} while (r < 0 && errno == EINTR);
+	return r;
 }
 
 /*
@@ -1066,13 +1111,13 @@ static int next_logged_poll(uint64_t *at, uint32_t *err, uint32_t *cnt, const ui
 static int replay_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask, int *out)
 {
 	uint64_t at;
-	uint32_t err, cnt;
+	uint32_t cnt;
 	const uint32_t *e;
+	int failed;
 	for (;;) {
-		if (!next_logged_poll(&at, &err, &cnt, &e))
+		if (!next_logged_wait(RADIC_READY_POLL, "poll or select", &at, &cnt, &e, &failed))
 			return 0;
-		if (err != 0) {
-			errno = (int)err;
+		if (failed) {
 			*out = -1;
 			return 1;
 		}
@@ -1119,11 +1164,7 @@ static int replay_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigse
 			for (nfds_t i = 0; i < n && m < RADIC_POLL_STACK; i++)
 				if (fds[i].revents == -1)
 					p[m++] = (struct pollfd){.fd = fds[i].fd, .events = fds[i].events};
-			int lr;
-			do {
-				struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
-				lr = REAL(ppoll)(p, m, timeout_ms < 0 ? NULL : &ts, mask);
-			} while (lr < 0 && errno == EINTR);
+			int lr = poll_live(p, m, timeout_ms, mask);
 			m = 0;
 			for (nfds_t i = 0; i < n && m < RADIC_POLL_STACK; i++)
 				if (fds[i].revents == -1) {
@@ -1140,17 +1181,25 @@ static int replay_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigse
 	}
 }
 
-/* Logs what a poll returned: the fds it reported, a managed one by its
- * connection (fd numbers can differ in a replay), or its errno. */
-static void log_poll(const struct pollfd *fds, nfds_t n, int r)
+/* Room for the determinant of a wait that reported r fds: stack (64
+ * entries) or the heap. */
+static struct radic_log_ready *ready_room(struct radic_log_ready *stack, int r)
 {
-	int e = errno;
-	struct radic_log_ready stack[64], *v = stack;
+	struct radic_log_ready *v = stack;
 	if (r > 64 && (v = malloc((size_t)r * sizeof *v)) == NULL) {
 		/* Unlogged, the process could not be recovered. */
 		radic_logf("out of memory for the determinant of a poll: stopping");
 		syscall(SYS_exit_group, 1);
 	}
+	return v;
+}
+
+/* Logs what a poll returned: the fds it reported, a managed one by its
+ * connection (fd numbers can differ in a replay), or its errno. */
+static void log_poll(const struct pollfd *fds, nfds_t n, int r)
+{
+	int e = errno;
+	struct radic_log_ready stack[64], *v = ready_room(stack, r);
 	size_t k = 0;
 	for (nfds_t i = 0; i < n && r > 0 && k < (size_t)r; i++) {
 		if (fds[i].revents == 0)
@@ -1159,7 +1208,7 @@ static void log_poll(const struct pollfd *fds, nfds_t n, int r)
 		v[k++] = (struct radic_log_ready){.fd = fds[i].fd, .revents = (uint16_t)fds[i].revents,
 						  .conn = c ? c->id + 1 : 0};
 	}
-	radic_log_ready(k > 0 ? v : NULL, k, r < 0 ? e : 0);
+	radic_log_ready(RADIC_READY_POLL, k > 0 ? v : NULL, k, r < 0 ? e : 0);
 	if (v != stack)
 		free(v);
 	errno = e;
@@ -1178,6 +1227,8 @@ int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t
 }
 
 /* ---- epoll ------------------------------------------------------------------ */
+
+static void epoll_noted(int fd);
 
 /*
  * The app's epoll registrations of a managed fd are remembered, so that the
@@ -1214,6 +1265,10 @@ int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct 
 		}
 	}
 	pthread_mutex_unlock(&c->eplock);
+	if (r == 0 && op != EPOLL_CTL_DEL && radic_logring != NULL) {
+		radic_fd_set(epfd, RADIC_FD_EPOLL_CONN);
+		epoll_noted(fd);
+	}
 	return r;
 }
 
@@ -1229,6 +1284,200 @@ static void ep_move(struct radic_conn *c, int from, int to)
 			radic_logf("cannot re-register fd %d in epoll set %d: %s", to, c->ep[i].epfd,
 				   strerror(errno));
 	}
+}
+
+/* ---- epoll waits as determinants ------------------------------------------- */
+
+/*
+ * An epoll_wait over a set that watches a safe socket is a determinant as a
+ * poll is (above), logged and replayed through the same records. The kernel
+ * reports an event by its registration's data, not by its fd, so with
+ * recovery on the shim remembers registrations: a safe socket's in its
+ * connection (c->ep), any other fd's here (one set per fd: the last
+ * registration), and an event is logged as the connection or fd whose
+ * registration in the set carries its data.
+ */
+static struct {
+	int epfd;
+	uint32_t events;
+	uint64_t data;
+} plain_ep[RADIC_FD_MAX];
+static int epoll_top; /* 1 + the highest fd registered in a set (atomic max) */
+
+static void epoll_noted(int fd)
+{
+	int top = __atomic_load_n(&epoll_top, __ATOMIC_RELAXED);
+	while (fd >= top && !__atomic_compare_exchange_n(&epoll_top, &top, fd + 1, 0,
+							  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+void radic_epoll_note(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+	if ((unsigned)fd >= RADIC_FD_MAX)
+		return;
+	if (op == EPOLL_CTL_DEL) {
+		if (plain_ep[fd].epfd == epfd)
+			radic_fd_clear(fd, RADIC_FD_EPOLL_NOTED);
+		return;
+	}
+	plain_ep[fd].epfd = epfd;
+	plain_ep[fd].events = ev->events;
+	plain_ep[fd].data = ev->data.u64;
+	radic_fd_set(fd, RADIC_FD_EPOLL_NOTED); /* cleared when the fd is closed */
+	epoll_noted(fd);
+}
+
+/* fd's registration in set epfd: its connection's (*cp) or its own. */
+static int epoll_reg(int epfd, int fd, struct radic_conn **cp, struct epoll_event *reg)
+{
+	struct radic_conn *c = radic_is_managed(fd) ? radic_conn_of(fd) : NULL;
+	*cp = c;
+	if (c == NULL) {
+		if (!(radic_fd_get(fd) & RADIC_FD_EPOLL_NOTED) || plain_ep[fd].epfd != epfd)
+			return 0;
+		reg->events = plain_ep[fd].events;
+		reg->data.u64 = plain_ep[fd].data;
+		return 1;
+	}
+	int found = 0;
+	pthread_mutex_lock(&c->eplock);
+	for (int i = 0; i < c->nep && !found; i++)
+		if (c->ep[i].epfd == epfd) {
+			*reg = c->ep[i].ev;
+			found = 1;
+		}
+	pthread_mutex_unlock(&c->eplock);
+	return found;
+}
+
+/* The fd (and connection) an event of set epfd was reported for: the one
+ * whose registration has its data, looked for first at the fd the data
+ * names (most programs register data.fd = fd), then at every fd. */
+static struct radic_log_ready epoll_source(int epfd, const struct epoll_event *ev)
+{
+	struct radic_log_ready r = {.fd = -1, .revents = (uint16_t)ev->events};
+	int top = __atomic_load_n(&epoll_top, __ATOMIC_RELAXED);
+	for (int i = -1; i < top; i++) {
+		int fd = i < 0 ? ev->data.fd : i;
+		struct radic_conn *c;
+		struct epoll_event reg;
+		if ((unsigned)fd < RADIC_FD_MAX && epoll_reg(epfd, fd, &c, &reg) &&
+		    reg.data.u64 == ev->data.u64) {
+			r.fd = fd;
+			r.conn = c != NULL ? c->id + 1 : 0;
+			break;
+		}
+	}
+	return r;
+}
+
+static void log_epoll(int epfd, const struct epoll_event *evs, int r)
+{
+	int e = errno;
+	struct radic_log_ready stack[64], *v = ready_room(stack, r);
+	for (int i = 0; i < r; i++)
+		v[i] = epoll_source(epfd, &evs[i]);
+	radic_log_ready(RADIC_READY_EPOLL, r > 0 ? v : NULL, r > 0 ? (size_t)r : 0, r < 0 ? e : 0);
+	if (v != stack)
+		free(v);
+	errno = e;
+}
+
+/* A logged event whose connection or fd set epfd no longer watches. */
+static void __attribute__((noreturn)) epoll_diverged(uint64_t at, int epfd, uint64_t ref, uint32_t fd)
+{
+	char what[64], msg[320];
+	if (ref != 0)
+		snprintf(what, sizeof what, "connection %u:%u", (unsigned)((ref - 1) >> 32), (unsigned)(ref - 1));
+	else
+		snprintf(what, sizeof what, "fd %d", (int)fd);
+	snprintf(msg, sizeof msg,
+		 "DIVERGENCE: process %s: an epoll_wait reported %s in the first run "
+		 "(determinant at %llu); epoll set %d of the re-executed process does not "
+		 "watch it: stopping (exit %d)",
+		 radic_lpid, what, (unsigned long long)at, epfd, RADIC_EXIT_DIVERGED);
+	diverged_exit(msg);
+}
+
+/*
+ * Answers an epoll_wait from the log, as replay_poll answers a poll: a
+ * logged connection's event with its registration's data (the connection
+ * serves the read from its log), a plain fd polled live until it says what
+ * it said then, a logged event that this wait's set does not ask for
+ * passed over.
+ */
+static int replay_epoll(int epfd, struct epoll_event *evs, int max, int timeout_ms,
+			const sigset_t *mask, int *out)
+{
+	uint64_t at;
+	uint32_t cnt;
+	const uint32_t *e;
+	int failed;
+	for (;;) {
+		if (!next_logged_wait(RADIC_READY_EPOLL, "epoll_wait", &at, &cnt, &e, &failed))
+			return 0;
+		if (failed) {
+			*out = -1;
+			return 1;
+		}
+		int n = 0;
+		nfds_t live = 0;
+		struct pollfd p[64];
+		struct epoll_event pr[64];
+		int top = __atomic_load_n(&epoll_top, __ATOMIC_RELAXED);
+		for (uint32_t k = 0; k < cnt; k++, e += 4) {
+			uint64_t ref = (uint64_t)e[3] << 32 | e[2];
+			struct radic_conn *c = NULL;
+			struct epoll_event reg;
+			int fd = ref != 0 ? 0 : (int)e[0], found = 0;
+			if (ref == 0)
+				found = (unsigned)fd < RADIC_FD_MAX && epoll_reg(epfd, fd, &c, &reg) && c == NULL;
+			else
+				for (fd = 0; fd < top && !found; fd++)
+					found = (c = radic_is_managed(fd) ? radic_conn_of(fd) : NULL) != NULL &&
+						c->id + 1 == ref && epoll_reg(epfd, fd, &c, &reg);
+			if (!found)
+				epoll_diverged(at, epfd, ref, e[0]);
+			uint32_t ev = e[1] & (reg.events | EPOLLERR | EPOLLHUP);
+			if (ev == 0)
+				continue;
+			if (c != NULL && n < max)
+				evs[n++] = (struct epoll_event){.events = ev, .data = reg.data};
+			else if (c == NULL && live < 64) {
+				p[live] = (struct pollfd){.fd = fd, .events = (short)(reg.events & 0xffff)};
+				pr[live++] = reg;
+			}
+		}
+		if (live > 0) {
+			int lr = poll_live(p, live, timeout_ms, mask);
+			for (nfds_t i = 0; i < live && lr > 0 && n < max; i++)
+				if (p[i].revents != 0)
+					evs[n++] = (struct epoll_event){
+						.events = (uint32_t)(unsigned short)p[i].revents &
+							  (pr[i].events | EPOLLERR | EPOLLHUP),
+						.data = pr[i].data};
+		}
+		/* A logged timeout is this wait's answer only if it could time out. */
+		if (n > 0 || (cnt == 0 && timeout_ms >= 0)) {
+			*out = n;
+			return 1;
+		}
+	}
+}
+
+int radic_conn_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout_ms,
+			  const struct timespec *tmo, const sigset_t *mask)
+{
+	int r;
+	if (RADIC_UNLIKELY(__atomic_load_n(&polls_left, __ATOMIC_ACQUIRE)) &&
+	    replay_epoll(epfd, evs, max, timeout_ms, mask, &r))
+		return r;
+	r = tmo != NULL ? REAL(epoll_pwait2)(epfd, evs, max, tmo, mask)
+			: REAL(epoll_pwait)(epfd, evs, max, timeout_ms, mask);
+	if (radic_logring != NULL)
+		log_epoll(epfd, evs, r);
+	return r;
 }
 
 /* ---- small things ----------------------------------------------------------- */

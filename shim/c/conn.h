@@ -159,6 +159,14 @@ ssize_t radic_conn_send(struct radic_conn *c, int fd, const struct msghdr *m, in
 ssize_t radic_conn_recv(struct radic_conn *c, int fd, struct msghdr *m, int flags);
 int radic_conn_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask);
 int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct epoll_event *ev);
+/* With recovery on: notes a plain fd's registration in an epoll set, so that
+ * a logged epoll_wait can say which fd an event was for. */
+void radic_epoll_note(int epfd, int op, int fd, const struct epoll_event *ev);
+/* An epoll_wait over a set watching a safe socket, with recovery on: answered
+ * from the log while it has waits, else made (epoll_pwait2 when tmo is set,
+ * timeout_ms its rounding up; else epoll_pwait) and logged. */
+int radic_conn_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout_ms,
+			  const struct timespec *tmo, const sigset_t *mask);
 void radic_conn_fcntl_flags(struct radic_conn *c, int flags);
 int radic_conn_name(struct radic_conn *c, int peer, struct sockaddr *addr, socklen_t *len);
 

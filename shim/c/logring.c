@@ -210,12 +210,18 @@ void radic_log_conn(int type, uint64_t conn, uint64_t arg, int hold)
 		radic_log_hold();
 }
 
-void radic_log_ready(const struct radic_log_ready *fds, size_t n, int err)
+void radic_log_connect_failed(uint64_t peer, int err)
+{
+	if (radic_logring != NULL)
+		append(RADIC_LOG_CONNECT, -err, 0, peer, NULL, 0, 0, 0);
+}
+
+void radic_log_ready(int call, const struct radic_log_ready *fds, size_t n, int err)
 {
 	if (radic_logring == NULL)
 		return;
 	struct iovec v = {(void *)fds, n * sizeof *fds};
-	append(RADIC_LOG_READY, -err, 0, n, &v, 1, 0, v.iov_len);
+	append(RADIC_LOG_READY, -err, (uint64_t)call, n, &v, 1, 0, v.iov_len);
 }
 
 /* Makes the ring file and maps it; the fd is closed at once (the mapping

@@ -33,8 +33,12 @@ enum {
 	RADIC_LOG_RECV_DATA = 3,
 	RADIC_LOG_CONNECT = 4, /* offset: the logical peer, ip4 << 16 | port */
 	RADIC_LOG_ACCEPT = 5,  /* offset: the logical port accepted on */
-	RADIC_LOG_READY = 6,   /* offset: fds reported; payload: struct radic_log_ready each */
+	RADIC_LOG_READY = 6,   /* conn: the call (enum below); offset: fds reported; payload: struct radic_log_ready each */
 };
+
+/* The call a RADIC_LOG_READY record answers (observer.ReadyCall); a select
+ * is logged as the poll the shim makes of it. */
+enum { RADIC_READY_POLL = 1, RADIC_READY_EPOLL = 3 };
 
 struct radic_log_hdr {
 	uint32_t magic, version;
@@ -97,9 +101,16 @@ struct radic_log_ready {
 };
 _Static_assert(sizeof(struct radic_log_ready) == 16, "a READY record's entry");
 
-/* Appends what a poll over a set with managed fds returned: the n fds it
- * reported, or err (n == 0). A no-op with recovery off. */
-void radic_log_ready(const struct radic_log_ready *fds, size_t n, int err);
+/* Appends what a poll (call RADIC_READY_POLL) or epoll_wait (RADIC_READY_EPOLL)
+ * over a set with managed fds returned: the n fds it reported, or err
+ * (n == 0). A no-op with recovery off. */
+void radic_log_ready(int call, const struct radic_log_ready *fds, size_t n, int err);
+
+/* Appends that a connect to a node of the job (peer as RADIC_LOG_CONNECT's
+ * offset) failed with err: a program that retries until its peer listens
+ * must be given the same failures when it is re-executed. A no-op with
+ * recovery off; no hold (the process's next send waits for it). */
+void radic_log_connect_failed(uint64_t peer, int err);
 
 /* Waits until everything appended so far is stable (slow path out of line). */
 void radic_log_hold_slow(uint64_t head);

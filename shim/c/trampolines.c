@@ -944,8 +944,12 @@ int epoll_create1(int flags) { return app_epoll(REAL(epoll_create1)(flags)); }
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	long r;
-	if (!MANAGED(fd))
-		return REAL(epoll_ctl)(epfd, op, fd, ev);
+	if (!MANAGED(fd)) {
+		r = REAL(epoll_ctl)(epfd, op, fd, ev);
+		if (RADIC_UNLIKELY(radic_logring != NULL) && r == 0 && conn_wait())
+			radic_epoll_note(epfd, op, fd, ev);
+		return (int)r;
+	}
 	struct radic_conn *c = conn(fd);
 	if (c)
 		return radic_conn_epoll_ctl(c, epfd, op, fd, ev);
@@ -957,6 +961,9 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 }
 
 #define EPOLL_MANAGED(epfd) RADIC_UNLIKELY(radic_fd_get(epfd) & RADIC_FD_EPOLL_MANAGED)
+/* A set watching a safe socket, with recovery on: its waits are determinants. */
+#define EPOLL_LOGGED(epfd) \
+	RADIC_UNLIKELY((radic_fd_get(epfd) & RADIC_FD_EPOLL_CONN) && conn_wait())
 
 int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
 {
@@ -967,6 +974,8 @@ int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
 		sigset_t m;
 		return REAL(epoll_pwait)(epfd, evs, max, timeout, without_urg(NULL, &m));
 	}
+	if (EPOLL_LOGGED(epfd))
+		return radic_conn_epoll_wait(epfd, evs, max, timeout, NULL, NULL);
 	return REAL(epoll_wait)(epfd, evs, max, timeout);
 }
 
@@ -979,6 +988,8 @@ int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const s
 		sigset_t m;
 		return REAL(epoll_pwait)(epfd, evs, max, timeout, without_urg(mask, &m));
 	}
+	if (EPOLL_LOGGED(epfd))
+		return radic_conn_epoll_wait(epfd, evs, max, timeout, NULL, mask);
 	return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
 }
 
@@ -988,5 +999,7 @@ int epoll_pwait2(int epfd, struct epoll_event *evs, int max, const struct timesp
 	long r;
 	if (EPOLL_MANAGED(epfd) && GO(epoll_wait, epfd, (long)evs, max, -1, (long)mask, (long)tmo, 2))
 		return (int)r;
+	if (EPOLL_LOGGED(epfd))
+		return radic_conn_epoll_wait(epfd, evs, max, timespec_ms(tmo), tmo, mask);
 	return REAL(epoll_pwait2)(epfd, evs, max, tmo, mask);
 }

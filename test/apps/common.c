@@ -117,12 +117,14 @@ static int retryable(int e)
 	       e == ECONNRESET || e == EAGAIN || e == EINTR || e == EADDRNOTAVAIL;
 }
 
+int job_connect_tries;
+
 int job_connect(const struct job *j, int to, uint32_t kind, double timeout_s)
 {
 	double deadline = now_s() + timeout_s;
 	useconds_t backoff = 10000;
 	uint32_t hello[2];
-	for (;;) {
+	for (job_connect_tries = 1;; job_connect_tries++) {
 		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		int e;
 		if (fd < 0)

@@ -27,6 +27,8 @@ int job_listen(const struct job *j);
  * (ECONNREFUSED and friends) for up to timeout_s seconds, then sends a
  * hello of two 32-bit words: our rank and a connection kind. Blocking fd. */
 int job_connect(const struct job *j, int to, uint32_t kind, double timeout_s);
+/* How many connects the last job_connect made (refused ones retried). */
+extern int job_connect_tries;
 
 /* Accepts one connection and reads its hello. Blocking fd. */
 int job_accept(int lfd, uint32_t *rank, uint32_t *kind);

@@ -1,15 +1,20 @@
 /* farm: a master/worker task farm. Rank 0 is the master; it listens on its
  * RADIC_PEERS entry, the workers connect to it with blocking sockets. The
  * master hands out tasks (rows of a Mandelbrot image), waits in select()
- * for whichever worker answers first, stores the row and gives that worker
- * the next task. The digest hashes the rows in row order, so it does not
+ * (or poll, or epoll_wait: --wait) for whichever worker answers first,
+ * stores the row and gives that worker the next task. The digest hashes the rows in row order, so it does not
  * depend on which worker computed what or in which order the answers came.
  * With one rank the master computes every row itself (the reference).
  *
- *   farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P] [--verbose]
+ *   farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P]
+ *        [--wait select|poll|epoll] [--listen-delay-ms D] [--verbose]
  *
  * --pause-ms: the master waits P ms after the last result, before it prints
  * (a long final phase: the workers have exited by then).
+ * --listen-delay-ms: the master listens only after D ms, so that the
+ * workers' first connects are refused and retried; each worker prints how
+ * many connects it made ("rank R connected after N tries"), which a
+ * restarted worker must print again the same.
  */
 #include "common.h"
 
@@ -18,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/select.h>
 #include <unistd.h>
 
@@ -28,7 +35,7 @@ struct hdr {
 	uint32_t type, task, len;
 };
 
-static int width = 1024, maxiter = 2000, tasks = 512, pause_ms;
+static int width = 1024, maxiter = 2000, tasks = 512, pause_ms, listen_delay_ms;
 
 static void compute_row(int row, uint32_t *out)
 {
@@ -77,6 +84,10 @@ static void recv_hdr(int fd, struct hdr *h)
 static void worker(struct job *j)
 {
 	int fd = job_connect(j, 0, KIND_WORKER, 60);
+	if (listen_delay_ms > 0) {
+		printf("rank %d connected after %d tries\n", j->rank, job_connect_tries);
+		fflush(stdout);
+	}
 	set_nodelay(fd);
 	uint32_t *row = calloc((size_t)width, sizeof *row);
 	for (;;) {
@@ -94,15 +105,94 @@ static void worker(struct job *j)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P] [--verbose]\n");
+	fprintf(stderr, "usage: farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P]\n"
+			"            [--wait select|poll|epoll] [--listen-delay-ms D] [--verbose]\n");
 	exit(2);
+}
+
+enum wait_call { WAIT_SELECT, WAIT_POLL, WAIT_EPOLL };
+
+/* Waits for answers from the workers still working (fds[i] >= 0) with
+ * call, and sets ready[i] for each worker the call reported. */
+static void wait_answers(enum wait_call call, const int *fds, int nw, char *ready)
+{
+	static int ep = -1;
+	static struct pollfd *p;
+	static struct epoll_event *evs;
+	static char *in_set;
+	int i, k;
+	memset(ready, 0, (size_t)nw);
+	switch (call) {
+	case WAIT_SELECT: {
+		fd_set rd;
+		int maxfd = -1;
+		FD_ZERO(&rd);
+		for (i = 0; i < nw; i++)
+			if (fds[i] >= 0) {
+				FD_SET(fds[i], &rd);
+				if (fds[i] > maxfd)
+					maxfd = fds[i];
+			}
+		do
+			k = select(maxfd + 1, &rd, NULL, NULL, NULL);
+		while (k < 0 && errno == EINTR);
+		if (k < 0)
+			die("select: %s", strerror(errno));
+		for (i = 0; i < nw; i++)
+			ready[i] = fds[i] >= 0 && FD_ISSET(fds[i], &rd);
+		return;
+	}
+	case WAIT_POLL:
+		if (!p && !(p = calloc((size_t)nw, sizeof *p)))
+			die("out of memory");
+		for (i = 0; i < nw; i++)
+			p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN}; /* a retired fd < 0 is skipped */
+		do
+			k = poll(p, (nfds_t)nw, -1);
+		while (k < 0 && errno == EINTR);
+		if (k < 0)
+			die("poll: %s", strerror(errno));
+		for (i = 0; i < nw; i++)
+			ready[i] = fds[i] >= 0 && p[i].revents != 0;
+		return;
+	case WAIT_EPOLL:
+		/* One set for the whole run; a retired worker's fd leaves it. */
+		if (ep < 0) {
+			if ((ep = epoll_create1(EPOLL_CLOEXEC)) < 0)
+				die("epoll_create1: %s", strerror(errno));
+			if (!(evs = calloc((size_t)nw, sizeof *evs)) || !(in_set = calloc((size_t)nw, 1)))
+				die("out of memory");
+			for (i = 0; i < nw; i++) {
+				struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+				if (fds[i] >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev) < 0)
+					die("epoll_ctl: %s", strerror(errno));
+				in_set[i] = fds[i] >= 0;
+			}
+		}
+		for (i = 0; i < nw; i++)
+			if (fds[i] < 0 && in_set[i]) {
+				if (epoll_ctl(ep, EPOLL_CTL_DEL, -fds[i] - 1, NULL) < 0)
+					die("epoll_ctl: %s", strerror(errno));
+				in_set[i] = 0;
+			}
+		do
+			k = epoll_wait(ep, evs, nw, -1);
+		while (k < 0 && errno == EINTR);
+		if (k < 0)
+			die("epoll_wait: %s", strerror(errno));
+		for (i = 0; i < k; i++)
+			ready[evs[i].data.u32] = fds[evs[i].data.u32] >= 0;
+		return;
+	}
 }
 
 int main(int argc, char **argv)
 {
 	struct job j;
 	int i, verbose = 0, nw, next = 0, done = 0, active;
+	enum wait_call call = WAIT_SELECT;
 	int *fds, *count;
+	char *ready;
 	uint32_t *img;
 	uint64_t digest = FNV_OFFSET;
 	double t0;
@@ -124,10 +214,18 @@ int main(int argc, char **argv)
 			maxiter = atoi(argv[i]);
 		else if (!strcmp(a, "--pause-ms"))
 			pause_ms = atoi(argv[i]);
+		else if (!strcmp(a, "--listen-delay-ms"))
+			listen_delay_ms = atoi(argv[i]);
+		else if (!strcmp(a, "--wait") && !strcmp(argv[i], "select"))
+			call = WAIT_SELECT;
+		else if (!strcmp(a, "--wait") && !strcmp(argv[i], "poll"))
+			call = WAIT_POLL;
+		else if (!strcmp(a, "--wait") && !strcmp(argv[i], "epoll"))
+			call = WAIT_EPOLL;
 		else
 			usage();
 	}
-	if (tasks < 1 || width < 1 || maxiter < 1 || pause_ms < 0)
+	if (tasks < 1 || width < 1 || maxiter < 1 || pause_ms < 0 || listen_delay_ms < 0)
 		usage();
 	job_init(&j, "farm");
 	if (j.rank > 0) {
@@ -139,14 +237,18 @@ int main(int argc, char **argv)
 	nw = j.size - 1;
 	fds = calloc((size_t)nw + 1, sizeof *fds);
 	count = calloc((size_t)nw + 1, sizeof *count);
-	if (!img || !fds || !count)
+	ready = calloc((size_t)nw + 1, 1);
+	if (!img || !fds || !count || !ready)
 		die("out of memory");
 	t0 = now_s();
 	if (nw == 0) {
 		for (i = 0; i < tasks; i++)
 			compute_row(i, img + (size_t)i * (size_t)width);
 	} else {
-		int lfd = job_listen(&j);
+		int lfd;
+		if (listen_delay_ms > 0)
+			usleep((useconds_t)listen_delay_ms * 1000);
+		lfd = job_listen(&j);
 		for (i = 0; i < nw; i++) {
 			uint32_t from, kind;
 			int fd = job_accept(lfd, &from, &kind);
@@ -170,23 +272,10 @@ int main(int argc, char **argv)
 			}
 		}
 		while (done < tasks) {
-			fd_set rd;
-			int maxfd = -1, k;
-			FD_ZERO(&rd);
-			for (i = 0; i < nw; i++)
-				if (fds[i] >= 0) {
-					FD_SET(fds[i], &rd);
-					if (fds[i] > maxfd)
-						maxfd = fds[i];
-				}
-			k = select(maxfd + 1, &rd, NULL, NULL, NULL);
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k < 0)
-				die("select: %s", strerror(errno));
+			wait_answers(call, fds, nw, ready);
 			for (i = 0; i < nw; i++) {
 				struct hdr h;
-				if (fds[i] < 0 || !FD_ISSET(fds[i], &rd))
+				if (!ready[i])
 					continue;
 				recv_hdr(fds[i], &h);
 				if (h.type != MSG_RESULT || h.task >= (uint32_t)tasks || h.len != (uint32_t)width * sizeof *img)
