@@ -213,7 +213,7 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 			return nil, err
 		}
 		for _, p := range prots {
-			if err := d.pushTo(ctx, p, heartbeat.NodeID(d.cfg.Node), body); err != nil {
+			if err := d.pushLog(ctx, p, heartbeat.NodeID(d.cfg.Node), body); err != nil {
 				return nil, fmt.Errorf("log of rank %d of job %s to protector %d: %w", rank, job, p, err)
 			}
 		}
@@ -245,6 +245,32 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 		d.log.Info("a restarted rank's shim logs to a file", "job", job, "rank", rank, "file", f)
 	}
 	return env, nil
+}
+
+// pushChunk bounds one request of pushLog: half of what a protector takes.
+const pushChunk = maxBody / 2
+
+// pushLog stores a restarted rank's log (whole record encodings, as
+// fetchLog checked them) on peer p under node of, in requests of at most
+// pushChunk bytes cut at record boundaries: a protector takes at most
+// maxBody per request, and a log can be many times that (a 1 GiB two-way
+// stream killed mid-way: "http: request body too large", no restart).
+func (d *Daemon) pushLog(ctx context.Context, p, of heartbeat.NodeID, body []byte) error {
+	for len(body) > 0 {
+		n := 0
+		for n < len(body) {
+			l := record.HeaderLen + int(record.Header(body[n:n+record.HeaderLen]).Length())
+			if n > 0 && n+l > pushChunk {
+				break
+			}
+			n += l
+		}
+		if err := d.pushTo(ctx, p, of, body[:n]); err != nil {
+			return err
+		}
+		body = body[n:]
+	}
+	return nil
 }
 
 // restartEnv is a restarted rank's environment: RADIC_REPLAY=<epoch>, and

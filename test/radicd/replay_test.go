@@ -197,6 +197,53 @@ func TestReplayStream(t *testing.T) {
 	}
 }
 
+// TestReplayStream1GiB: the issue's two-way 1 GiB stream, either end's
+// node killed mid-stream, ends byte-identical (each rank's digest of what
+// it received equals the fault-free run's). Hundreds of MB of log go
+// through the restart: fetched from the protector, copied to the new
+// node's protectors (in pieces a protector takes: one request of the whole
+// log was refused, "http: request body too large", and the job failed),
+// fetched again by the restarted rank and replayed.
+func TestReplayStream1GiB(t *testing.T) {
+	run := func(t *testing.T) []string {
+		return []string{"--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+			testenv.Artifact(t, "build/apps/stream"), "--mode", "blocking", "--bytes", "1G", "--progress", "0"}
+	}
+	var want string
+	for _, rank := range []int{1, 0} { // the connecting end's node, then the accepting end's
+		t.Run(fmt.Sprintf("kill-node-%d", rank), func(t *testing.T) {
+			c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+			c.dumpReplayLogs()
+			if want == "" {
+				code, out := c.runJob(run(t)...)
+				if want = okLines(out); code != 0 || strings.Count(want, "stream ok") != 2 {
+					t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
+				}
+			}
+			base := c.logBytes(rank)
+			out, wait := c.startJob(run(t)...)
+			clustertest.WaitRanks(t, c.dir, 2)
+			c.waitLogged(rank, base, 256<<20) // about a quarter of the way
+			if o, err := c.radic("fault", "kill-node", strconv.Itoa(rank)); err != nil {
+				t.Fatalf("kill-node %d: %v\n%s", rank, err, o)
+			}
+			code := waitJob(t, wait)
+			if got := okLines(out.String()); code != 0 || got != want {
+				t.Fatalf("status %d, stream ok lines:\n%s\nwant:\n%s\nwhole output:\n%s", code, got, want, out.String())
+			}
+			n, log := c.replayed(2)
+			if n < 128<<20 {
+				t.Errorf("the restarted rank replayed %d bytes, want hundreds of MB; its shim's log:\n%s", n, log)
+			}
+			ev := regexp.MustCompile(`rank ` + strconv.Itoa(rank) + ` restarted on node 2 in [0-9.]+ s; replayed [0-9.]+ [kMG]?B`).FindString(out.String())
+			if ev == "" {
+				t.Fatalf("no recovery event naming node 2:\n%s", out.String())
+			}
+			t.Logf("%s (%d bytes)", ev, n)
+		})
+	}
+}
+
 // stallLog drops node's TCP to node `to`'s radicd port (its log's
 // replication stream to its protector), not its heartbeats (UDP) nor the
 // ranks' connections: the log stops becoming stable.
