@@ -51,6 +51,31 @@ func TestDedup(t *testing.T) {
 }
 
 // TestDedupHashed: beyond what is kept, the prefix is compared by hash.
+// The shim's lines (launch.Radic) are each instance's own: a restarted
+// instance's are printed whole, never compared with the first's.
+func TestDedupRadicStream(t *testing.T) {
+	var out strings.Builder
+	d := newDedup(1, launch.Radic)
+	for _, c := range []struct {
+		off     uint64
+		s       string
+		restart bool
+	}{{0, "radic[7]: connection 1:0 broken\n", false}, {0, "radic[9]: restarted (epoch 1)\n", true}, {30, "radic[9]: replay done: live\n", false}} {
+		if c.restart {
+			d.restart()
+		}
+		b, err := d.feed(c.off, []byte(c.s))
+		if err != nil {
+			t.Fatalf("feed(%d, %q) = %v", c.off, c.s, err)
+		}
+		out.Write(b)
+	}
+	want := "radic[7]: connection 1:0 broken\nradic[9]: restarted (epoch 1)\nradic[9]: replay done: live\n"
+	if got := out.String(); got != want {
+		t.Errorf("output %q, want %q", got, want)
+	}
+}
+
 func TestDedupHashed(t *testing.T) {
 	d := newDedup(0, "stdout")
 	d.kept = nil

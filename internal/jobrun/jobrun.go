@@ -264,7 +264,11 @@ func Run(o Options) (int, error) {
 		} else {
 			go watchExit(ctx, clients[r], job, r, exits, &contact[r])
 		}
-		for _, s := range []string{launch.Stdout, launch.Stderr} {
+		streams := []string{launch.Stdout, launch.Stderr}
+		if recovery {
+			streams = append(streams, launch.Radic) // the shim's lines, kept out of stderr
+		}
+		for _, s := range streams {
 			w := out.sink(r, s)
 			outWG.Go(func() {
 				defer w.Close()
@@ -662,7 +666,7 @@ func (lockedWriter) Close() error { return nil }
 // stream's end (a partial last line is then tagged and ended).
 func (o *output) sink(rank int, stream string) io.WriteCloser {
 	w := o.stdout
-	if stream == launch.Stderr {
+	if stream == launch.Stderr || stream == launch.Radic {
 		w = o.stderr
 	}
 	if !o.tag {

@@ -214,10 +214,14 @@ type RankStatus struct {
 	Stderr uint64 `json:"stderr"`
 }
 
-// Streams a client reads (GET .../output?stream=).
+// Streams a client reads (GET .../output?stream=). Radic is the lines a
+// recovery rank's shim writes about its connections (broken, resumed, ...):
+// kept out of its stderr, which a restarted instance must regenerate byte
+// for byte, and forwarded as they come, never compared.
 const (
 	Stdout = "stdout"
 	Stderr = "stderr"
+	Radic  = "radic"
 )
 
 // Headers of an output reply.

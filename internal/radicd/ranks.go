@@ -60,9 +60,10 @@ type rankProc struct {
 	id      proc.ID
 	out     *outbuf.Buffer
 	errb    *outbuf.Buffer
-	pending *proc.Pending // until Start
-	stdinW  *os.File      // the rank's stdin, when rec.Stdin
-	done    chan struct{} // closed when exit is set
+	shim    *outbuf.Buffer // launch.Radic: its shim's lines, from the file radicd named
+	pending *proc.Pending  // until Start
+	stdinW  *os.File       // the rank's stdin, when rec.Stdin
+	done    chan struct{}  // closed when exit is set
 	ctx     context.Context
 	cancel  context.CancelFunc // ends the output copiers' waits
 	// recovery: launched with RADIC_RECOVERY=1; epoch: 0 as launched,
@@ -360,7 +361,7 @@ func (d *Daemon) waitRingFormed(ctx context.Context, deadline time.Time) {
 // its output. radicd already runs in the node's network namespace.
 func (d *Daemon) createRank(rec *launch.Record, path string) (*rankProc, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &rankProc{rec: *rec, out: outbuf.New(outputWindow), errb: outbuf.New(outputWindow),
+	p := &rankProc{rec: *rec, out: outbuf.New(outputWindow), errb: outbuf.New(outputWindow), shim: outbuf.New(outputWindow),
 		done: make(chan struct{}), ctx: ctx, cancel: cancel, state: launch.StateHeld}
 	var closeAfter []*os.File
 	defer func() {
@@ -369,6 +370,10 @@ func (d *Daemon) createRank(rec *launch.Record, path string) (*rankProc, error) 
 		}
 	}()
 	spec := proc.Spec{Path: path, Args: rec.Argv, Env: rec.Env, Dir: rec.Cwd, Cgroup: d.cfg.JobCgroup}
+	shimLog := d.shimLogFile(rec)
+	if shimLog != "" && envValue(rec.Env, "RADIC_LOG_FILE") == "" {
+		spec.Env = append(slices.Clip(rec.Env), "RADIC_LOG_FILE="+shimLog)
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		cancel()
@@ -420,6 +425,11 @@ func (d *Daemon) createRank(rec *launch.Record, path string) (*rankProc, error) 
 	} else {
 		p.errb.Close() // fd 2 is stdout's pipe
 	}
+	if shimLog != "" {
+		go p.tailShimLog(shimLog)
+	} else {
+		p.shim.Close()
+	}
 	return p, nil
 }
 
@@ -465,6 +475,7 @@ func (p *rankProc) abort() {
 func (p *rankProc) discard() {
 	p.out.Discard()
 	p.errb.Discard()
+	p.shim.Discard()
 	if p.stdinW != nil {
 		p.stdinW.Close()
 	}
@@ -612,8 +623,10 @@ func (d *Daemon) handleOutput(w http.ResponseWriter, r *http.Request) {
 		b = p.out
 	case launch.Stderr:
 		b = p.errb
+	case launch.Radic:
+		b = p.shim
 	default:
-		http.Error(w, fmt.Sprintf("stream=%q: want stdout or stderr", q.Get("stream")), http.StatusBadRequest)
+		http.Error(w, fmt.Sprintf("stream=%q: want stdout, stderr or radic", q.Get("stream")), http.StatusBadRequest)
 		return
 	}
 	from, err := strconv.ParseUint(q.Get("from"), 10, 64)
