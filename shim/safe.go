@@ -259,7 +259,7 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	if s.replay != nil {
 		if e, ok := s.replay.failedConnect(logicalPeer, uint64(s.lpid)<<32|uint64(s.seq.Load())); ok {
 			debugf("fd %d: connect to %s fails as it did in the first run: %s", fd, ap, syscall.Errno(e))
-			return -1, e, true
+			return connectFailed(fd, e)
 		}
 		if ret, e, ok := s.replayConnect(fd, ap); ok {
 			return ret, e, true
@@ -272,7 +272,7 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	if e != 0 {
 		// A determinant: the app's retries depend on it.
 		C.radic_log_connect_failed(C.uint64_t(logring.PackPeer(logicalPeer)), C.int(e))
-		return -1, e, true
+		return connectFailed(fd, e)
 	}
 	if !managed {
 		// The listener may have registered since the lookup: it does so
@@ -305,6 +305,22 @@ func (s *safeSockets) connect(fd int, sa unsafe.Pointer, salen int) (ret int, er
 	debugf("connection %s: connected to %s (now %s), peer rank %s", c, ap, netip.AddrPortFrom(cur, ap.Port()), loc.Lpid)
 	go c.openCtl(0)
 	return 0, 0, true
+}
+
+// connectFailed answers the app's connect on fd, which failed with errno.
+// The dial is made blocking, before the app hears of it; a non-blocking
+// socket refused is then refused as the kernel refuses one: EINPROGRESS
+// now, then POLLOUT|POLLERR and SO_ERROR ECONNREFUSED. A program that
+// takes any other errno from a non-blocking connect for fatal retries then
+// as it does bare.
+func connectFailed(fd, errno int) (int, int, bool) {
+	if errno == int(syscall.ECONNREFUSED) && C.radic_sock_getfl(C.int(fd))&C.O_NONBLOCK != 0 {
+		if e := C.radic_sock_refuse(C.int(fd)); e != 0 {
+			return -1, int(-e), true
+		}
+		return -1, errno, true // connected after all: cannot be, the port was ours
+	}
+	return -1, errno, true
 }
 
 // replayConnect: in a restarted process, a connect that made a logged

@@ -85,6 +85,13 @@ int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms)
 	int e = 0;
 	if (REAL(connect)(fd, (struct sockaddr *)&a, sizeof a) < 0)
 		e = errno == EINPROGRESS ? finish_connect(fd, now_ms() + timeout_ms) : -errno;
+	if (e < 0 && e != -ETIMEDOUT && e != -EINTR)
+		/* Linux keeps a socket whose non-blocking connect failed
+		 * "connecting" until a connect call sees the failure (it says
+		 * ECONNABORTED then): this one, so that the app's next connect
+		 * on the socket, or ours, is a new one, as after a blocking
+		 * connect that failed. */
+		REAL(connect)(fd, (struct sockaddr *)&a, sizeof a);
 	REAL(fcntl)(fd, F_SETFL, fl);
 	return e;
 }
@@ -110,6 +117,28 @@ int radic_sock_bound(uint32_t ip, uint16_t *port)
 		return e;
 	}
 	return fd;
+}
+
+/* fd connects to a loopback port nobody listens on: a socket of ours is
+ * bound there for the moment (and closed at once), so that no listener can
+ * take the port in between. */
+int radic_sock_refuse(int fd)
+{
+	int s = REAL(socket)(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -errno;
+	uint32_t ip;
+	uint16_t port;
+	int e = radic_sock_bind(s, htonl(INADDR_LOOPBACK), 0);
+	if (e == 0)
+		e = radic_sock_name(s, 0, &ip, &port);
+	if (e == 0) {
+		struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+					.sin_addr = {htonl(INADDR_LOOPBACK)}};
+		e = REAL(connect)(fd, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
+	}
+	syscall(SYS_close, s);
+	return e;
 }
 
 /* Abandons a connect still on its way (Linux: connect to AF_UNSPEC makes

@@ -10,6 +10,10 @@ int radic_sock_dial(uint32_t ip, uint16_t port, int timeout_ms);
 int radic_sock_connect(int fd, uint32_t ip, uint16_t port, int timeout_ms);
 int radic_sock_bound(uint32_t ip, uint16_t *port);
 void radic_sock_disconnect(int fd);
+/* Makes non-blocking fd's connect fail as the kernel fails one: refused
+ * later (POLLOUT|POLLERR, SO_ERROR ECONNREFUSED), not at once. Returns
+ * -errno of the connect made for it (-EINPROGRESS as a rule). */
+int radic_sock_refuse(int fd);
 int radic_sock_write_full(int fd, const void *p, size_t n, int timeout_ms);
 int radic_sock_read_full(int fd, void *p, size_t n, int timeout_ms);
 int radic_sock_peek(int fd, void *p, size_t n, int timeout_ms);

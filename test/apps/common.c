@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,7 +118,29 @@ static int retryable(int e)
 	       e == ECONNRESET || e == EAGAIN || e == EINTR || e == EADDRNOTAVAIL;
 }
 
-int job_connect_tries;
+int job_connect_tries, job_connect_nonblock;
+
+/* A connect made the strict POSIX way on a non-blocking socket: connect
+ * says EINPROGRESS (or succeeds at once), anything else is fatal; poll for
+ * writable; SO_ERROR says how it ended. Returns 0 or that errno. */
+static int connect_nonblocking(int fd, const struct sockaddr_in *to, int rank)
+{
+	int e = 0;
+	socklen_t len = sizeof e;
+	struct pollfd p = {.fd = fd, .events = POLLOUT};
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	if (connect(fd, (const struct sockaddr *)to, sizeof *to) < 0) {
+		if (errno != EINPROGRESS)
+			die("non-blocking connect to rank %d: %s (want EINPROGRESS)", rank, strerror(errno));
+		while (poll(&p, 1, -1) < 0)
+			if (errno != EINTR)
+				die("poll: %s", strerror(errno));
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0)
+			die("getsockopt SO_ERROR: %s", strerror(errno));
+	}
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+	return e;
+}
 
 int job_connect(const struct job *j, int to, uint32_t kind, double timeout_s)
 {
@@ -129,13 +152,16 @@ int job_connect(const struct job *j, int to, uint32_t kind, double timeout_s)
 		int e;
 		if (fd < 0)
 			die("socket: %s", strerror(errno));
-		if (connect(fd, (const struct sockaddr *)&j->peers[to], sizeof j->peers[to]) == 0) {
+		if (job_connect_nonblock)
+			e = connect_nonblocking(fd, &j->peers[to], to);
+		else
+			e = connect(fd, (const struct sockaddr *)&j->peers[to], sizeof j->peers[to]) == 0 ? 0 : errno;
+		if (e == 0) {
 			hello[0] = htonl((uint32_t)j->rank);
 			hello[1] = htonl(kind);
 			write_full(fd, hello, sizeof hello, "hello");
 			return fd;
 		}
-		e = errno;
 		close(fd);
 		if (!retryable(e) || now_s() > deadline)
 			die("connect to rank %d: %s (gave up after %.0f s)", to, strerror(e), timeout_s);

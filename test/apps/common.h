@@ -27,8 +27,10 @@ int job_listen(const struct job *j);
  * (ECONNREFUSED and friends) for up to timeout_s seconds, then sends a
  * hello of two 32-bit words: our rank and a connection kind. Blocking fd. */
 int job_connect(const struct job *j, int to, uint32_t kind, double timeout_s);
-/* How many connects the last job_connect made (refused ones retried). */
-extern int job_connect_tries;
+/* How many connects the last job_connect made (refused ones retried);
+ * job_connect_nonblock: make them on non-blocking sockets, the strict
+ * POSIX way (EINPROGRESS, poll, SO_ERROR). */
+extern int job_connect_tries, job_connect_nonblock;
 
 /* Accepts one connection and reads its hello. Blocking fd. */
 int job_accept(int lfd, uint32_t *rank, uint32_t *kind);

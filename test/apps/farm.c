@@ -7,14 +7,17 @@
  * With one rank the master computes every row itself (the reference).
  *
  *   farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P]
- *        [--wait select|poll|epoll] [--listen-delay-ms D] [--verbose]
+ *        [--wait select|poll|epoll] [--listen-delay-ms D] [--nonblocking-connect]
+ *        [--verbose]
  *
  * --pause-ms: the master waits P ms after the last result, before it prints
  * (a long final phase: the workers have exited by then).
  * --listen-delay-ms: the master listens only after D ms, so that the
  * workers' first connects are refused and retried; each worker prints how
  * many connects it made ("rank R connected after N tries"), which a
- * restarted worker must print again the same.
+ * restarted worker must print again the same. --nonblocking-connect: the
+ * workers connect on non-blocking sockets, taking any errno but
+ * EINPROGRESS from connect for fatal (refusals come through SO_ERROR).
  */
 #include "common.h"
 
@@ -106,7 +109,8 @@ static void worker(struct job *j)
 static void usage(void)
 {
 	fprintf(stderr, "usage: farm [--tasks T] [--width W] [--maxiter M] [--pause-ms P]\n"
-			"            [--wait select|poll|epoll] [--listen-delay-ms D] [--verbose]\n");
+			"            [--wait select|poll|epoll] [--listen-delay-ms D] [--nonblocking-connect]\n"
+			"            [--verbose]\n");
 	exit(2);
 }
 
@@ -201,6 +205,10 @@ int main(int argc, char **argv)
 		const char *a = argv[i];
 		if (!strcmp(a, "--verbose")) {
 			verbose = 1;
+			continue;
+		}
+		if (!strcmp(a, "--nonblocking-connect")) {
+			job_connect_nonblock = 1;
 			continue;
 		}
 		if (i + 1 >= argc)
