@@ -1,12 +1,15 @@
 package cluster
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,11 +44,12 @@ type MPIOptions struct {
 // environment, on the node Node, with the hostfile and agent written
 // under Tmp (removed by the caller).
 type MPICommand struct {
-	Node *Node
-	Path string
-	Argv []string
-	Env  []string
-	Tmp  string
+	Node  *Node
+	Nodes []int // the hostfile's nodes
+	Path  string
+	Argv  []string
+	Env   []string
+	Tmp   string
 }
 
 // BuildMPI prepares the launcher's command line: the hostfile naming the
@@ -85,7 +89,7 @@ func BuildMPI(s *State, o MPIOptions, job string) (*MPICommand, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &MPICommand{Node: first, Tmp: tmp}
+	c := &MPICommand{Node: first, Nodes: nodes, Tmp: tmp}
 	iface := NodeIface(s)
 	hostfile := filepath.Join(tmp, "hostfile")
 	var hf strings.Builder
@@ -276,6 +280,9 @@ func RunMPI(o MPIOptions) (int, error) {
 		return 0, err
 	}
 	done := make(chan struct{})
+	if job.ID != "" {
+		go watchNodeLoss(done, c.Node.MetricsAddr, c.Nodes, filepath.Base(c.Argv[0]), logf)
+	}
 	go func() {
 		for {
 			select {
@@ -290,4 +297,55 @@ func RunMPI(o MPIOptions) (int, error) {
 	_ = cmd.Wait()
 	close(done)
 	return exitCode(cmd.ProcessState), nil
+}
+
+// watchNodeLoss says, once per node, when the ring (asked through the
+// launcher's node's radicd) declares a node of the job dead. radic does
+// not restart the processes of MPI jobs yet: unless the node comes back
+// (a partition heals, a freeze thaws), the safe sockets to it fail after
+// RADIC_DEADLINE and the MPI stops the job with its own error, which
+// alone would not say why the job waited.
+func watchNodeLoss(done <-chan struct{}, statusAddr string, nodes []int, launcher string, logf func(string, ...any)) {
+	hc := &http.Client{Timeout: time.Second}
+	told := map[int]bool{}
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		var st struct {
+			Ring struct {
+				Members []struct {
+					ID         int       `json:"id"`
+					State      string    `json:"state"`
+					Cause      string    `json:"cause"`
+					DeclaredAt time.Time `json:"declared_at"`
+				} `json:"members"`
+			} `json:"ring"`
+		}
+		resp, err := hc.Get("http://" + statusAddr + "/status")
+		if err != nil {
+			continue
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		for _, m := range st.Ring.Members {
+			if m.State != "dead" || told[m.ID] || !slices.Contains(nodes, m.ID) {
+				continue
+			}
+			told[m.ID] = true
+			why := ""
+			if m.Cause != "" {
+				why = " (" + m.Cause + ")"
+			}
+			logf("radic: node %d of the job was declared dead at %s%s; radic does not restart the processes of MPI jobs yet: unless the node comes back within RADIC_DEADLINE (default 60s), the connections to it fail and %s stops the job with its own error",
+				m.ID, m.DeclaredAt.Local().Format("15:04:05.000"), why, launcher)
+		}
+	}
 }
