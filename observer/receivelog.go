@@ -54,6 +54,19 @@ var ErrReceiveLog = errors.New("observer: inconsistent receive log")
 // Determinants of other kinds are refused: this replay knows receives,
 // connections and polls only.
 func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
+	return SplitReceivesInto(recs, nil)
+}
+
+// SplitReceivesInto is SplitReceives with each connection's bytes in a
+// buffer from alloc(n) (length 0, capacity n: the bytes its records hold,
+// never exceeded), or from make if alloc is nil. The shim allocates them in
+// C memory and hands them to its C half whole: a log of hundreds of MB
+// copied once more took seconds of a restart on a VM that pays for every
+// fresh page.
+func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*ReceiveLog, error) {
+	if alloc == nil {
+		alloc = func(n int) []byte { return make([]byte, 0, n) }
+	}
 	fail := func(format string, args ...any) (*ReceiveLog, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
 	}
@@ -77,7 +90,7 @@ func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 		case r.Kind == msgrec.KindData && r.Stream != DeterminantStream:
 			b, ok := data[r.Stream]
 			if !ok {
-				b = make([]byte, 0, sizes[r.Stream])
+				b = alloc(sizes[r.Stream])
 			}
 			buf = &b
 		default:

@@ -42,6 +42,10 @@ type replayState struct {
 	epoch uint32
 	owner uint64
 	log   *observer.ReceiveLog
+	cbufs map[unsafe.Pointer]bool // the C buffers log's connection data is in
+	// handed: connections whose logs went to C (attach), from one goroutine
+	// at a time (newConn's callers).
+	handed map[uint64]bool
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -91,7 +95,16 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 		recs = append(recs, r)
 		off += n
 	}
-	log, err := observer.SplitReceives(recs)
+	cbufs := map[unsafe.Pointer]bool{}
+	log, err := observer.SplitReceivesInto(recs, func(n int) []byte {
+		// C memory, which attach hands over to the connection whole.
+		p := C.malloc(C.size_t(max(n, 1)))
+		if p == nil {
+			return make([]byte, 0, n)
+		}
+		cbufs[p] = true
+		return unsafe.Slice((*byte)(p), max(n, 1))[:0:n]
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +120,7 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 	for port, ids := range log.Accepts {
 		accepts[port] = append([]uint64(nil), ids...)
 	}
-	return &replayState{epoch: uint32(epoch), owner: owner, log: log, resumed: map[uint64]bool{},
+	return &replayState{epoch: uint32(epoch), owner: owner, log: log, cbufs: cbufs, handed: map[uint64]bool{}, resumed: map[uint64]bool{},
 		accepts: accepts, held: map[uint16][]*heldConn{}, connects: slices.Clone(log.Connects)}, nil
 }
 
@@ -164,15 +177,31 @@ func (r *replayState) logged(id uint64) bool {
 // attach hands connection id's log to C.
 func (r *replayState) attach(c *conn) {
 	cr := r.log.Conns[c.id]
+	if cr.Data == nil && len(cr.Results) > 0 && r.handed[c.id] {
+		// Its bytes went to C with its first connection: a second one
+		// would replay nothing where the log has bytes.
+		logf("connection %s: its log was attached already: stopping", c)
+		os.Exit(1)
+	}
+	r.handed[c.id] = true
 	var data unsafe.Pointer
-	if len(cr.Data) > 0 {
-		data = unsafe.Pointer(&cr.Data[0])
+	if cap(cr.Data) > 0 {
+		data = unsafe.Pointer(unsafe.SliceData(cr.Data))
+	}
+	// A buffer of C memory goes over to C as it is (and Go forgets it:
+	// C frees it once the log is used up); any other is copied.
+	owned := C.int(0)
+	if r.cbufs[data] {
+		owned = 1
+		delete(r.cbufs, data)
 	}
 	var res *C.int64_t
 	if len(cr.Results) > 0 {
 		res = (*C.int64_t)(unsafe.Pointer(&cr.Results[0]))
 	}
-	if C.radic_conn_replay(c.c, data, C.uint64_t(len(cr.Data)), res, C.uint64_t(len(cr.Results))) < 0 {
+	n := len(cr.Data)
+	cr.Data = nil
+	if C.radic_conn_replay(c.c, data, C.uint64_t(n), owned, res, C.uint64_t(len(cr.Results))) < 0 {
 		logf("connection %s: out of memory for its replay: stopping", c)
 		os.Exit(1)
 	}
@@ -182,7 +211,7 @@ func (r *replayState) attach(c *conn) {
 		// earlier run's attempts. (As the acceptor we take the peer's.)
 		c.attempt = r.epoch << 20
 	}
-	debugf("connection %s: replaying %d bytes, %d receives", c, len(cr.Data), len(cr.Results))
+	debugf("connection %s: replaying %d bytes, %d receives", c, n, len(cr.Results))
 }
 
 // Accept order. The app's accepts must return its logged connections in

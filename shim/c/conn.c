@@ -639,13 +639,13 @@ done:
 	return 1;
 }
 
-int radic_conn_replay(struct radic_conn *c, const void *data, uint64_t len, const int64_t *res,
+int radic_conn_replay(struct radic_conn *c, void *data, uint64_t len, int owned, const int64_t *res,
 		      uint64_t nres)
 {
 	struct radic_replay *rp = calloc(1, sizeof *rp);
 	if (rp == NULL)
 		return -1;
-	rp->data = malloc(len ? len : 1);
+	rp->data = owned ? data : malloc(len ? len : 1);
 	rp->res = malloc(nres ? nres * sizeof *res : 1);
 	if (rp->data == NULL || rp->res == NULL) {
 		free(rp->data);
@@ -653,7 +653,8 @@ int radic_conn_replay(struct radic_conn *c, const void *data, uint64_t len, cons
 		free(rp);
 		return -1;
 	}
-	memcpy(rp->data, data, len);
+	if (!owned)
+		memcpy(rp->data, data, len);
 	memcpy(rp->res, res, nres * sizeof *res);
 	rp->len = len;
 	rp->nres = nres;

@@ -178,8 +178,10 @@ void radic_conn_release(struct radic_conn *c);
 int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd);
 void radic_conn_barrier(struct radic_conn *c);
 int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at);
-/* Replay: attaches a connection's log (data and results are copied). */
-int radic_conn_replay(struct radic_conn *c, const void *data, uint64_t len, const int64_t *res,
+/* Replay: attaches a connection's log. The results are copied; the data
+ * too, unless owned: then it is malloc'd memory the connection takes over
+ * (and frees). */
+int radic_conn_replay(struct radic_conn *c, void *data, uint64_t len, int owned, const int64_t *res,
 		      uint64_t nres);
 /* Replay: the peer received [0, at) of our stream, with CRC-32C hash. */
 void radic_conn_set_verify(struct radic_conn *c, uint64_t at, uint32_t hash);
