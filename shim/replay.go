@@ -42,12 +42,12 @@ type replayState struct {
 	epoch uint32
 	owner uint64
 	log   *observer.ReceiveLog
-	cbufs map[unsafe.Pointer]bool // the C buffers log's connection data is in
-	// handed: connections whose logs went to C (attach), from one goroutine
-	// at a time (newConn's callers).
-	handed map[uint64]bool
 
 	mu sync.Mutex
+	// +checklocks:mu
+	cbufs map[unsafe.Pointer]bool // the C buffers log's connection data is in
+	// +checklocks:mu
+	handed map[uint64]int // connections whose logs went to C (attach): their bytes
 	// +checklocks:mu
 	resumed map[uint64]bool // logged connections resumed with their peer
 	// +checklocks:mu
@@ -120,7 +120,7 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 	for port, ids := range log.Accepts {
 		accepts[port] = append([]uint64(nil), ids...)
 	}
-	return &replayState{epoch: uint32(epoch), owner: owner, log: log, cbufs: cbufs, handed: map[uint64]bool{}, resumed: map[uint64]bool{},
+	return &replayState{epoch: uint32(epoch), owner: owner, log: log, cbufs: cbufs, handed: map[uint64]int{}, resumed: map[uint64]bool{},
 		accepts: accepts, held: map[uint16][]*heldConn{}, connects: slices.Clone(log.Connects)}, nil
 }
 
@@ -176,14 +176,16 @@ func (r *replayState) logged(id uint64) bool {
 
 // attach hands connection id's log to C.
 func (r *replayState) attach(c *conn) {
+	r.mu.Lock()
 	cr := r.log.Conns[c.id]
-	if cr.Data == nil && len(cr.Results) > 0 && r.handed[c.id] {
+	if r.handed[c.id] > 0 {
 		// Its bytes went to C with its first connection: a second one
 		// would replay nothing where the log has bytes.
+		r.mu.Unlock()
 		logf("connection %s: its log was attached already: stopping", c)
 		os.Exit(1)
 	}
-	r.handed[c.id] = true
+	r.handed[c.id] = len(cr.Data)
 	var data unsafe.Pointer
 	if cap(cr.Data) > 0 {
 		data = unsafe.Pointer(unsafe.SliceData(cr.Data))
@@ -195,12 +197,13 @@ func (r *replayState) attach(c *conn) {
 		owned = 1
 		delete(r.cbufs, data)
 	}
+	n := len(cr.Data)
+	cr.Data = nil
+	r.mu.Unlock()
 	var res *C.int64_t
 	if len(cr.Results) > 0 {
 		res = (*C.int64_t)(unsafe.Pointer(&cr.Results[0]))
 	}
-	n := len(cr.Data)
-	cr.Data = nil
 	if C.radic_conn_replay(c.c, data, C.uint64_t(n), owned, res, C.uint64_t(len(cr.Results))) < 0 {
 		logf("connection %s: out of memory for its replay: stopping", c)
 		os.Exit(1)
