@@ -23,7 +23,7 @@
 
 struct radic_conn;
 static struct radic_conn *(*conn_new)(int, uint64_t, int);
-static int (*conn_replay)(struct radic_conn *, const void *, uint64_t, const int64_t *, uint64_t);
+static int (*conn_replay)(struct radic_conn *, void *, uint64_t, int, const int64_t *, uint64_t);
 static void (*set_verify)(struct radic_conn *, uint64_t, uint32_t);
 static int (*conn_swap)(struct radic_conn *, int, const int *, int, uint64_t);
 static int (*conn_break)(struct radic_conn *, uint32_t, int);
@@ -72,9 +72,13 @@ static void receives(void)
 {
 	int fd, peer;
 	struct radic_conn *c = managed(&fd, &peer);
-	const char *log = "hello world!";
+	/* The connection takes the log's buffer over (owned): freed once the
+	 * log is used up. */
+	char *log = malloc(12);
+	CHECK(log != NULL, "malloc");
+	memcpy(log, "hello world!", 12);
 	int64_t res[] = {5, -EAGAIN, 6, 0};
-	CHECK(conn_replay(c, log, 12, res, 3) == 0, "replay");
+	CHECK(conn_replay(c, log, 12, 1, res, 3) == 0, "replay");
 	CHECK(resume_point(c) == 12, "resume point %llu", (unsigned long long)resume_point(c));
 	char buf[64];
 	struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -93,7 +97,7 @@ static void receives(void)
 	/* A logged end of stream. */
 	struct radic_conn *c2 = managed(&fd, &peer);
 	int64_t eof[] = {2, 0};
-	CHECK(conn_replay(c2, "ab", 2, eof, 2) == 0, "replay");
+	CHECK(conn_replay(c2, (void *)"ab", 2, 0, eof, 2) == 0, "replay");
 	CHECK(recv(fd, buf, sizeof buf, 0) == 2, "recv ab");
 	CHECK(recv(fd, buf, sizeof buf, 0) == 0, "the logged end of stream");
 	out("receives: logged end of stream");
@@ -106,7 +110,7 @@ static void resumes(void)
 	/* Replaying: the peer has 6 of our bytes ("abcdef"); we regenerate 3
 	 * before the resume and 7 after. It must get exactly "ghij". */
 	struct radic_conn *c = managed(&fd, &peer);
-	CHECK(conn_replay(c, "", 0, NULL, 0) == 0, "replay (nothing received)");
+	CHECK(conn_replay(c, (void *)"", 0, 0, NULL, 0) == 0, "replay (nothing received)");
 	CHECK(conn_break(c, 0, fd) == 1, "break");
 	CHECK(write(fd, "ab", 2) == 2, "write while broken");
 	set_verify(c, 6, crc32c(0, "abcdef", 6));
@@ -123,7 +127,7 @@ static void resumes(void)
 	 * second resume goes on dropping up to 6 (it was refused as "the peer
 	 * has bytes we never sent", and the app got ECONNRESET). */
 	c = managed(&fd, &peer);
-	CHECK(conn_replay(c, "", 0, NULL, 0) == 0, "replay (nothing received)");
+	CHECK(conn_replay(c, (void *)"", 0, 0, NULL, 0) == 0, "replay (nothing received)");
 	CHECK(conn_break(c, 0, fd) == 1, "break");
 	set_verify(c, 6, crc32c(0, "abcdef", 6));
 	CHECK(resume(c, fd, &np, 6) == 0, "swap at 6");
@@ -155,7 +159,7 @@ static void diverge_child(void)
 {
 	int fd, peer, np;
 	struct radic_conn *c = managed(&fd, &peer);
-	conn_replay(c, "", 0, NULL, 0);
+	conn_replay(c, (void *)"", 0, 0, NULL, 0);
 	conn_break(c, 0, fd);
 	set_verify(c, 4, crc32c(0, "abcd", 4));
 	CHECK(resume(c, fd, &np, 4) == 0, "swap");
