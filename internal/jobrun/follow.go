@@ -446,6 +446,16 @@ func (f *follower) watchExit(ctx context.Context, cl func(int) *Client, rank int
 		}
 		switch {
 		case err == nil && st.Exit != nil && st.Epoch >= epoch:
+			// An instance newer than the one we knew (restarted in
+			// place, and exited, before its recovery event reached
+			// us) is recorded first: the output forwarders must read
+			// it before they see the rank exited, or its output is
+			// lost (CI, the campaign's kill-rank of Jacobi's rank 0: a
+			// restarted instance that lived 170 ms, status 0, its
+			// digest line never printed).
+			if node, _, _ := f.wh[rank].get(); st.Epoch > epoch {
+				f.wh[rank].move(node, st.Epoch)
+			}
 			exits <- exitMsg{rank, *st.Exit}
 			return
 		case err == nil && st.State != launch.StateRestarting && st.Epoch >= epoch:
@@ -559,7 +569,13 @@ func (f *follower) forward(ctx context.Context, cl func(int) *Client, rank int, 
 		pcancel()
 		if eof && complete {
 			// The instance's stream ended: the rank's end, or its death
-			// before a restart.
+			// before a restart. A newer instance first: the rank's exit
+			// may be its (watchExit records it before it reports it).
+			select {
+			case <-moved:
+				continue
+			default:
+			}
 			select {
 			case <-exited:
 				return nil

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,5 +162,54 @@ func TestFollowerAsksEveryDaemon(t *testing.T) {
 			t.Fatalf("rank 0 is followed on node %d at epoch %d after 3 s; want node 2, epoch 1 (node 1's answer)", n, e)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestOutputOfAnInstanceThatExitedFirst: rank 0 was restarted in place
+// and its new instance exited before its recovery event reached radic run
+// (node 0's recovery table still says epoch 0). The exit's status says
+// epoch 1: the forwarder must read that instance's output before it takes
+// the rank for exited. (CI: the campaign's kill-rank of Jacobi's rank 0,
+// whose restarted instance lived 170 ms: status 0, its digest line never
+// printed.)
+func TestOutputOfAnInstanceThatExitedFirst(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := strings.Split(strings.Trim(r.URL.Path, "/"), "/") // v1 jobs J ranks R [output]
+		switch {
+		case len(p) == 5: // status: the restarted instance has exited
+			_ = json.NewEncoder(w).Encode(launch.RankStatus{Job: p[2], Rank: 0, State: launch.StateExited, Exit: &launch.Exit{}, Epoch: 1})
+		case len(p) == 6 && p[5] == "output":
+			q := r.URL.Query()
+			w.Header().Set(launch.HeaderOffset, q.Get("from"))
+			w.Header().Set(launch.HeaderEOF, "1")
+			if q.Get("epoch") == "1" && q.Get("stream") == launch.Stdout && q.Get("from") == "0" {
+				_, _ = io.WriteString(w, "digest=1\n")
+			}
+		default: // the recovery table: not moved yet
+			_ = json.NewEncoder(w).Encode(launch.JobRecovery{Job: "j-1", Ranks: []launch.RankLoc{{Job: "j-1", Rank: 0}}})
+		}
+	}))
+	defer srv.Close()
+	cl := func(int) *Client {
+		return &Client{Node: 0, HTTP: NewHTTPClient(), Daemons: func(int) (string, error) { return srv.Listener.Addr().String(), nil }}
+	}
+	f := &follower{job: "j-1", nodes: []int{0}, at: func(n int) *Client { return cl(n) }, wh: []*where{newWhere(0)},
+		logf: func(string, ...any) {}, failed: make(chan error, 1), since: time.Now()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	exits := make(chan exitMsg, 1)
+	exited := make(chan struct{})
+	var contact atomic.Int64
+	go func() {
+		f.watchExit(ctx, cl, 0, exits, &contact)
+		<-exits
+		close(exited)
+	}()
+	var out strings.Builder
+	if err := f.forward(ctx, cl, 0, launch.Stdout, &out, exited, make(chan struct{})); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); got != "digest=1\n" {
+		t.Errorf("forwarded %q, want the restarted instance's %q", got, "digest=1\n")
 	}
 }
