@@ -45,8 +45,6 @@ type replayState struct {
 
 	mu sync.Mutex
 	// +checklocks:mu
-	cbufs map[unsafe.Pointer]bool // the C buffers log's connection data is in
-	// +checklocks:mu
 	handed map[uint64]int // connections whose logs went to C (attach): their bytes
 	// +checklocks:mu
 	resumed map[uint64]bool // logged connections resumed with their peer
@@ -95,14 +93,13 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 		recs = append(recs, r)
 		off += n
 	}
-	cbufs := map[unsafe.Pointer]bool{}
 	log, err := observer.SplitReceivesInto(recs, func(n int) []byte {
 		// C memory, which attach hands over to the connection whole.
 		p := C.malloc(C.size_t(max(n, 1)))
 		if p == nil {
-			return make([]byte, 0, n)
+			logf("out of memory for a log of %d bytes to replay: stopping", n)
+			os.Exit(1)
 		}
-		cbufs[p] = true
 		return unsafe.Slice((*byte)(p), max(n, 1))[:0:n]
 	})
 	if err != nil {
@@ -120,7 +117,7 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 	for port, ids := range log.Accepts {
 		accepts[port] = append([]uint64(nil), ids...)
 	}
-	return &replayState{epoch: uint32(epoch), owner: owner, log: log, cbufs: cbufs, handed: map[uint64]int{}, resumed: map[uint64]bool{},
+	return &replayState{epoch: uint32(epoch), owner: owner, log: log, handed: map[uint64]int{}, resumed: map[uint64]bool{},
 		accepts: accepts, held: map[uint16][]*heldConn{}, connects: slices.Clone(log.Connects)}, nil
 }
 
@@ -186,16 +183,12 @@ func (r *replayState) attach(c *conn) {
 		os.Exit(1)
 	}
 	r.handed[c.id] = len(cr.Data)
+	// The data's buffer, C memory from fetchReplay, goes over to C as it
+	// is (and Go forgets it: C frees it once the log is used up).
 	var data unsafe.Pointer
-	if cap(cr.Data) > 0 {
-		data = unsafe.Pointer(unsafe.SliceData(cr.Data))
-	}
-	// A buffer of C memory goes over to C as it is (and Go forgets it:
-	// C frees it once the log is used up); any other is copied.
 	owned := C.int(0)
-	if r.cbufs[data] {
-		owned = 1
-		delete(r.cbufs, data)
+	if cap(cr.Data) > 0 {
+		data, owned = unsafe.Pointer(unsafe.SliceData(cr.Data)), 1
 	}
 	n := len(cr.Data)
 	cr.Data = nil

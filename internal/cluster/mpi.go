@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/internal/cluster/proc"
 )
 
@@ -317,14 +318,7 @@ func watchNodeLoss(done <-chan struct{}, statusAddr string, nodes []int, launche
 		case <-t.C:
 		}
 		var st struct {
-			Ring struct {
-				Members []struct {
-					ID         int       `json:"id"`
-					State      string    `json:"state"`
-					Cause      string    `json:"cause"`
-					DeclaredAt time.Time `json:"declared_at"`
-				} `json:"members"`
-			} `json:"ring"`
+			Ring heartbeat.Status `json:"ring"` // radicd.NodeStatus's
 		}
 		resp, err := hc.Get("http://" + statusAddr + "/status")
 		if err != nil {
@@ -336,16 +330,17 @@ func watchNodeLoss(done <-chan struct{}, statusAddr string, nodes []int, launche
 			continue
 		}
 		for _, m := range st.Ring.Members {
-			if m.State != "dead" || told[m.ID] || !slices.Contains(nodes, m.ID) {
+			id := int(m.ID)
+			if m.State != "dead" || told[id] || !slices.Contains(nodes, id) {
 				continue
 			}
-			told[m.ID] = true
+			told[id] = true
 			why := ""
 			if m.Cause != "" {
 				why = " (" + m.Cause + ")"
 			}
 			logf("radic: node %d of the job was declared dead at %s%s; radic does not restart the processes of MPI jobs yet: unless the node comes back within RADIC_DEADLINE (default 60s), the connections to it fail and %s stops the job with its own error",
-				m.ID, m.DeclaredAt.Local().Format("15:04:05.000"), why, launcher)
+				id, m.DeclaredAt.Local().Format("15:04:05.000"), why, launcher)
 		}
 	}
 }
