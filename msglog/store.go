@@ -939,6 +939,27 @@ func (c *Cursor) Next() (Record, error) {
 	return rec, nil
 }
 
+// AppendNext is Next for a caller that wants the record's encoding
+// (record.AppendRecord's) rather than the record: it appends it to dst,
+// with no copy of the payload in between, and returns the extended
+// buffer. The replica read path serves streams with it from one reused
+// buffer.
+func (c *Cursor) AppendNext(dst []byte) ([]byte, error) {
+	c.s.mu.RLock()
+	defer c.s.mu.RUnlock()
+	if c.s.closed {
+		return dst, ErrClosed
+	}
+	rec, err := c.nextLocked()
+	if err != nil {
+		if err != io.EOF {
+			err = &Error{Op: "read", Owner: c.key.Owner, Stream: c.key.Stream, Offset: c.pos, Err: err}
+		}
+		return dst, err
+	}
+	return record.AppendRecord(dst, &rec), nil
+}
+
 // nextLocked is Next under s.mu (read or write); the payload may alias
 // internal buffers.
 func (c *Cursor) nextLocked() (Record, error) {
@@ -994,4 +1015,66 @@ func (c *Cursor) nextLocked() (Record, error) {
 		return trim(rec.Kind, rec.Offset, rec.Payload), nil
 	}
 	return Record{}, &CorruptError{Path: seg.path, Pos: -1, Err: fmt.Errorf("no record of owner %d stream %d at offset %d", c.key.Owner, c.key.Stream, c.pos)}
+}
+
+// copyBatch is how many payload bytes CopyOwner moves per AppendBatch.
+const copyBatch = 4 << 20
+
+// CopyOwner appends to s every stream of owner that src holds, each from
+// its low mark, as AppendBatch does (under SyncAlways, durable when it
+// returns: one fsync at the end), and returns how many records it appended (a stream s does
+// not hold yet starts at src's low mark). Payloads pass through one buffer, reused: cloned one by one (as
+// Cursor.Next does), a log of hundreds of MB went through as many fresh
+// pages, which some VMs charge a fault each for.
+func (s *Store) CopyOwner(src *Store, owner uint64) (int, error) {
+	if s == src {
+		return 0, &Error{Op: "copy", Owner: owner, Err: fmt.Errorf("%w: a store copied onto itself", ErrInvalid)}
+	}
+	type span struct{ from, to int }
+	var (
+		n     int
+		buf   []byte
+		batch []Record
+		spans []span
+	)
+	for _, si := range src.Streams(owner) {
+		c := src.Read(owner, si.Stream, si.Low)
+		for done := false; !done; {
+			buf, batch, spans = buf[:0], batch[:0], spans[:0]
+			src.mu.RLock()
+			for len(buf) < copyBatch {
+				if src.closed {
+					src.mu.RUnlock()
+					return n, ErrClosed
+				}
+				rec, err := c.nextLocked()
+				if err == io.EOF {
+					done = true
+					break
+				}
+				if err != nil {
+					src.mu.RUnlock()
+					return n, &Error{Op: "copy", Owner: owner, Stream: si.Stream, Offset: c.pos, Err: err}
+				}
+				// The payload aliases src's buffers until the unlock;
+				// buf may move as it grows, so slices are taken after.
+				spans = append(spans, span{len(buf), len(buf) + len(rec.Payload)})
+				buf = append(buf, rec.Payload...)
+				batch = append(batch, rec)
+			}
+			src.mu.RUnlock()
+			for i := range batch {
+				batch[i].Payload = buf[spans[i].from:spans[i].to:spans[i].to]
+			}
+			k, err := s.appendBatch(batch, nil, false, false)
+			n += k
+			if err != nil {
+				return n, err
+			}
+		}
+	}
+	if n > 0 && s.opts.Sync == SyncAlways {
+		return n, s.Sync() // once, not per batch
+	}
+	return n, nil
 }

@@ -740,3 +740,88 @@ func TestAppendBatch(t *testing.T) {
 		t.Errorf("after reopen ends at %d, want 20", got)
 	}
 }
+
+// CopyOwner copies one owner's streams whole, across batches (a record
+// bigger than a batch's buffer included), from disk and from the cache,
+// leaves other owners alone and is idempotent; a truncated stream is
+// copied from its low mark.
+func TestCopyOwner(t *testing.T) {
+	src := open(t, t.TempDir(), Options{SegmentSize: 8 << 20, MemoryLimit: 1 << 20})
+	defer src.Close()
+	dst := open(t, t.TempDir(), Options{})
+	defer dst.Close()
+	for i := range 400 {
+		k := Key{7, uint64(i % 3)}
+		n := 20000 + 97*i
+		if i == 200 {
+			n = copyBatch + copyBatch/2 // grows the buffer mid-batch
+		}
+		info, _ := src.Stream(k.Owner, k.Stream)
+		mustAppend(t, src, rec(k, info.End, n))
+		mustAppend(t, src, rec(Key{8, 0}, uint64(i*10), 10))
+	}
+	for range 2 {
+		if _, err := dst.CopyOwner(src, 7); err != nil {
+			t.Fatalf("CopyOwner = %v", err)
+		}
+	}
+	if d := cmp.Diff(src.Streams(7), dst.Streams(7)); d != "" {
+		t.Errorf("copied streams (-src +dst):\n%s", d)
+	}
+	for _, info := range dst.Streams(7) {
+		readAll(t, dst, info.Key, 0)
+	}
+	if got := dst.Streams(8); len(got) != 0 {
+		t.Errorf("owner 8 was copied too: %+v", got)
+	}
+	if _, err := dst.CopyOwner(dst, 7); !errors.Is(err, ErrInvalid) {
+		t.Errorf("CopyOwner onto itself = %v, want ErrInvalid", err)
+	}
+	src.Truncate(8, 0, 500)
+	if _, err := dst.CopyOwner(src, 8); err != nil {
+		t.Fatalf("CopyOwner of a truncated stream = %v", err)
+	}
+	if d := cmp.Diff(src.Streams(8), dst.Streams(8)); d != "" {
+		t.Errorf("copied truncated stream (-src +dst):\n%s", d)
+	}
+}
+
+// AppendNext gives, record for record, the encodings of what Next gives,
+// from the cache and from disk, trimmed where the cursor starts.
+func TestAppendNext(t *testing.T) {
+	s := open(t, t.TempDir(), Options{MemoryLimit: 4 << 10})
+	defer s.Close()
+	k := Key{3, 4}
+	var off uint64
+	for i := range 40 {
+		mustAppend(t, s, rec(k, off, 100+i))
+		off += uint64(100 + i)
+	}
+	next, appendNext := s.Read(k.Owner, k.Stream, 150), s.Read(k.Owner, k.Stream, 150)
+	var buf []byte
+	for {
+		want, err := next.Next()
+		var err2 error
+		start := len(buf)
+		buf, err2 = appendNext.AppendNext(buf)
+		if err == io.EOF || err2 == io.EOF {
+			if err != err2 {
+				t.Fatalf("Next = %v, AppendNext = %v at the end", err, err2)
+			}
+			break
+		}
+		if err != nil || err2 != nil {
+			t.Fatalf("Next = %v, AppendNext = %v", err, err2)
+		}
+		got, n, err := record.Decode(buf[start:])
+		if err != nil || n != len(buf)-start {
+			t.Fatalf("AppendNext's encoding: %d of %d bytes, %v", n, len(buf)-start, err)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Fatalf("AppendNext at %d (-Next +AppendNext):\n%s", want.Offset, d)
+		}
+	}
+	if appendNext.Offset() != off {
+		t.Errorf("AppendNext stopped at %d, want %d", appendNext.Offset(), off)
+	}
+}

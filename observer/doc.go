@@ -122,7 +122,7 @@
 // # Edges
 //
 // The exec backend's replay (ARCHITECTURE.md, "Replay") uses
-// [SplitReceives]: it replays receives per connection in C, checks sends
+// [ReceivesFrom] ([SplitReceives] for records): it replays receives per connection in C, checks sends
 // with one CRC-32C digest at the peer's offset, and does not use [Replay]
 // or [Summary] yet. What follows is the full plan.
 //

@@ -38,8 +38,12 @@ type ReceiveLog struct {
 	DetLen uint64
 }
 
-// ErrReceiveLog is wrapped by every error of SplitReceives.
+// ErrReceiveLog is wrapped by every error of SplitReceives and ReceivesFrom.
 var ErrReceiveLog = errors.New("observer: inconsistent receive log")
+
+func logErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
+}
 
 // SplitReceives rebuilds a process's receives from the records of its
 // streams (any order of streams; each stream's records in offset order,
@@ -54,31 +58,7 @@ var ErrReceiveLog = errors.New("observer: inconsistent receive log")
 // Determinants of other kinds are refused: this replay knows receives,
 // connections and polls only.
 func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
-	return SplitReceivesInto(recs, nil)
-}
-
-// SplitReceivesInto is SplitReceives with each connection's bytes in a
-// buffer from alloc(n) (length 0, capacity n: the bytes its records hold,
-// never exceeded), or from make if alloc is nil. The shim allocates them in
-// C memory and hands them to its C half whole: a log of hundreds of MB
-// copied once more took seconds of a restart on a VM that pays for every
-// fresh page.
-func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*ReceiveLog, error) {
-	if alloc == nil {
-		alloc = func(n int) []byte { return make([]byte, 0, n) }
-	}
-	fail := func(format string, args ...any) (*ReceiveLog, error) {
-		return nil, fmt.Errorf("%w: "+format, append([]any{ErrReceiveLog}, args...)...)
-	}
-	// Each stream's buffer is allocated once, for the bytes its records
-	// hold (more if they overlap; never more than the records): grown by
-	// appends, a log of tens of MB touched fresh pages several times
-	// over, which some VMs pay for per page.
-	sizes := map[uint64]int{}
-	for i := range recs {
-		sizes[recs[i].Stream] += len(recs[i].Payload)
-	}
-	dets := make([]byte, 0, sizes[DeterminantStream])
+	var dets []byte
 	data := map[uint64][]byte{}
 	ends := map[uint64]uint64{}
 	for i := range recs {
@@ -88,17 +68,14 @@ func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*Receive
 		case r.Kind == msgrec.KindDeterminant && r.Stream == DeterminantStream:
 			buf = &dets
 		case r.Kind == msgrec.KindData && r.Stream != DeterminantStream:
-			b, ok := data[r.Stream]
-			if !ok {
-				b = alloc(sizes[r.Stream])
-			}
+			b := data[r.Stream]
 			buf = &b
 		default:
-			return fail("record %d: a %v record on stream %d", i, r.Kind, r.Stream)
+			return nil, logErr("record %d: a %v record on stream %d", i, r.Kind, r.Stream)
 		}
 		end := ends[r.Stream]
 		if r.Offset > end {
-			return fail("stream %d has a gap at offset %d (record at %d)", r.Stream, end, r.Offset)
+			return nil, logErr("stream %d has a gap at offset %d (record at %d)", r.Stream, end, r.Offset)
 		}
 		if r.End() > end {
 			*buf = append(*buf, r.Payload[end-r.Offset:]...)
@@ -108,6 +85,14 @@ func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*Receive
 			data[r.Stream] = *buf
 		}
 	}
+	return ReceivesFrom(dets, data)
+}
+
+// ReceivesFrom is SplitReceives for streams already put together: the
+// determinant stream's bytes and each connection's received bytes (the
+// log's Conns take data's slices as they are). A restarted process's
+// shim gets them so, in a file radicd laid out (observer/replayfile).
+func ReceivesFrom(dets []byte, data map[uint64][]byte) (*ReceiveLog, error) {
 	log := &ReceiveLog{Conns: map[uint64]*ConnReceives{}, DetLen: uint64(len(dets))}
 	get := func(conn uint64) *ConnReceives {
 		c := log.Conns[conn]
@@ -121,7 +106,7 @@ func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*Receive
 	for off := 0; off < len(dets); {
 		d, n, err := DecodeDeterminant(dets[off:])
 		if err != nil {
-			return fail("determinant at offset %d: %v", off, err)
+			return nil, logErr("determinant at offset %d: %v", off, err)
 		}
 		if d.Kind == KindConnect {
 			log.Connects = append(log.Connects, d)
@@ -145,7 +130,7 @@ func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*Receive
 			continue
 		}
 		if d.Kind != KindRecv {
-			return fail("determinant at offset %d: %v (only receives, connections and polls are replayed)", off, &d)
+			return nil, logErr("determinant at offset %d: %v (only receives, connections and polls are replayed)", off, &d)
 		}
 		c := get(d.Conn)
 		switch {
@@ -155,7 +140,7 @@ func SplitReceivesInto(recs []msgrec.Record, alloc func(n int) []byte) (*Receive
 			c.Results = append(c.Results, int64(d.N))
 			counted[d.Conn] += d.N
 			if counted[d.Conn] > uint64(len(c.Data)) {
-				return fail("connection %s: receives returned %d bytes, %d are logged", ConnString(d.Conn), counted[d.Conn], len(c.Data))
+				return nil, logErr("connection %s: receives returned %d bytes, %d are logged", ConnString(d.Conn), counted[d.Conn], len(c.Data))
 			}
 		}
 		off += n

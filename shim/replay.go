@@ -4,6 +4,7 @@ package main
 #include "shim.h"
 #include "conn.h"
 #include <stdint.h>
+#include <sys/mman.h>
 */
 import "C"
 
@@ -21,22 +22,24 @@ import (
 	"time"
 	"unsafe"
 
-	msgrec "github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer"
 	"github.com/radic-project/radic/observer/logring"
+	"github.com/radic-project/radic/observer/replayfile"
 )
 
 // Replay, the shim's half (ARCHITECTURE.md, "Replay"). A rank that radicd
 // restarted (the exec backend: re-executed from its launch record) has
-// RADIC_REPLAY=<epoch> in its environment. Before main() it fetches its
-// log from its node's radicd (GET /v1/replay/{owner}: the msglog records
-// of its streams, which radicd fetched from the protector that holds
-// them), splits it per connection (observer.SplitReceives), and hands
-// each connection's bytes and receive results to C when the app creates
-// that connection again (same logical id: same connect order). C serves
-// receives from it until it is exhausted; Go resumes the connection with
-// the surviving peer, whose digest of what it received checks the sends
-// the process regenerates (C, radic_conn_swap and the send path).
+// RADIC_REPLAY=<epoch> in its environment, and RADIC_REPLAY_LOG naming
+// its log if anything was logged: a file radicd laid out
+// (observer/replayfile) from the records of its streams, fetched from the
+// protector that holds them. Before main() the shim maps it, rebuilds its
+// receives per connection (observer.ReceivesFrom), and hands each
+// connection's bytes, in place in the mapping, and receive results to C
+// when the app creates that connection again (same logical id: same
+// connect order). C serves receives from them until they are exhausted,
+// then unmaps them; Go resumes the connection with the surviving peer,
+// whose digest of what it received checks the sends the process
+// regenerates (C, radic_conn_swap and the send path).
 
 type replayState struct {
 	epoch uint32
@@ -56,52 +59,41 @@ type replayState struct {
 	connects []observer.Determinant // logged connects not yet made again
 }
 
-// fetchReplay gets this process's log from radicd.
-func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error) {
+// fetchReplay maps this process's log from the file at path (empty:
+// nothing was logged).
+func (s *safeSockets) fetchReplay(epochEnv, path string) (*replayState, error) {
 	epoch, err := strconv.ParseUint(epochEnv, 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("RADIC_REPLAY=%q: want the restart's epoch", epochEnv)
 	}
 	owner := logring.Owner(s.jobHash, s.lpid)
-	hc := &http.Client{Timeout: 60 * time.Second}
-	resp, err := hc.Get(fmt.Sprintf("http://%s/v1/replay/%d", daemon, owner))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var body []byte
-	if n := resp.ContentLength; n > 0 && resp.StatusCode == http.StatusOK {
-		// One buffer of the log's size: grown by io.ReadAll, a log of
-		// tens of MB touched fresh pages several times over.
-		body = make([]byte, n)
-		_, err = io.ReadFull(resp.Body, body)
-	} else {
-		body, err = io.ReadAll(resp.Body)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("radicd: %s: %s", resp.Status, bytes.TrimSpace(body))
-	}
-	var recs []msgrec.Record
-	for off := 0; off < len(body); {
-		r, n, err := msgrec.Decode(body[off:])
+	start := time.Now()
+	var dets []byte
+	data := map[uint64][]byte{}
+	if path != "" {
+		file, err := mapReplayFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("log record at +%d: %w", off, err)
+			return nil, err
 		}
-		recs = append(recs, r)
-		off += n
+		h, err := replayfile.Decode(file)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		dets = h.Dets.Bytes(file)
+		for _, c := range h.Conns {
+			if c.Len > 0 {
+				data[c.Conn] = c.Bytes(file)
+			}
+		}
+		// The header's and the determinants' pages go once decoded.
+		head := h.Size
+		if len(h.Conns) > 0 {
+			head = h.Conns[0].Off
+		}
+		defer C.radic_big_free(unsafe.Pointer(unsafe.SliceData(file)), C.uint64_t(head))
 	}
-	log, err := observer.SplitReceivesInto(recs, func(n int) []byte {
-		// C memory, which attach hands over to the connection whole.
-		p := C.malloc(C.size_t(max(n, 1)))
-		if p == nil {
-			logf("out of memory for a log of %d bytes to replay: stopping", n)
-			os.Exit(1)
-		}
-		return unsafe.Slice((*byte)(p), max(n, 1))[:0:n]
-	})
+	mapped := time.Now()
+	log, err := observer.ReceivesFrom(dets, data)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +101,8 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 	for _, c := range log.Conns {
 		n += len(c.Data)
 	}
-	logf("restarted (epoch %d): replaying %d connections, %d bytes, %d polls, %d determinant bytes", epoch, len(log.Conns), n, len(log.Ready), log.DetLen)
+	logf("restarted (epoch %d): replaying %d connections, %d bytes, %d polls, %d determinant bytes (mapped in %v, decoded in %v)", epoch, len(log.Conns), n, len(log.Ready), log.DetLen,
+		mapped.Sub(start).Round(time.Millisecond), time.Since(mapped).Round(time.Millisecond))
 	if err := replayPolls(log.Ready); err != nil {
 		return nil, err
 	}
@@ -119,6 +112,27 @@ func (s *safeSockets) fetchReplay(daemon, epochEnv string) (*replayState, error)
 	}
 	return &replayState{epoch: uint32(epoch), owner: owner, log: log, handed: map[uint64]int{}, resumed: map[uint64]bool{},
 		accepts: accepts, held: map[uint16][]*heldConn{}, connects: slices.Clone(log.Connects)}, nil
+}
+
+// mapReplayFile maps the file at path, read-only.
+func mapReplayFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() == 0 {
+		return nil, fmt.Errorf("%s: empty", path)
+	}
+	p := C.mmap(nil, C.size_t(fi.Size()), C.PROT_READ, C.MAP_SHARED|C.MAP_POPULATE, C.int(f.Fd()), 0)
+	if uintptr(p) == ^uintptr(0) { // MAP_FAILED
+		return nil, fmt.Errorf("%s: mmap of %d bytes failed", path, fi.Size())
+	}
+	return unsafe.Slice((*byte)(p), fi.Size()), nil
 }
 
 // failedConnect: a connect to peer whose turn in the first run failed (the
@@ -183,12 +197,13 @@ func (r *replayState) attach(c *conn) {
 		os.Exit(1)
 	}
 	r.handed[c.id] = len(cr.Data)
-	// The data's buffer, C memory from fetchReplay, goes over to C as it
-	// is (and Go forgets it: C frees it once the log is used up).
+	// The data's region of the mapping goes over to C as it is (and Go
+	// forgets it: C unmaps it, to its page's end, once the log is used
+	// up; the next region starts on the next page).
 	var data unsafe.Pointer
-	owned := C.int(0)
+	owned := C.uint64_t(0)
 	if cap(cr.Data) > 0 {
-		data, owned = unsafe.Pointer(unsafe.SliceData(cr.Data)), 1
+		data, owned = unsafe.Pointer(unsafe.SliceData(cr.Data)), C.uint64_t((cap(cr.Data)+replayfile.PageSize-1)&^(replayfile.PageSize-1))
 	}
 	n := len(cr.Data)
 	cr.Data = nil

@@ -138,7 +138,7 @@ func newSafeSockets() *safeSockets {
 		}
 	}
 	if v := os.Getenv("RADIC_REPLAY"); v != "" {
-		r, err := s.fetchReplay(daemon, v)
+		r, err := s.fetchReplay(v, os.Getenv("RADIC_REPLAY_LOG"))
 		if err != nil {
 			// Without its log the process cannot take the path its
 			// peers saw: running on would corrupt the job.

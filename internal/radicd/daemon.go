@@ -272,6 +272,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	mux.HandleFunc("POST /v1/replica/stream", d.handleReplicaStream)
 	mux.HandleFunc("GET /v1/replica/streams", d.handleReplicaStreams)
 	mux.HandleFunc("GET /v1/replica/read", d.handleReplicaRead)
+	mux.HandleFunc("POST /v1/replica/adopt", d.handleReplicaAdopt)
 	d.loc.routes(mux)
 	d.rankRoutes(mux)
 	d.recoveryRoutes(mux)
@@ -304,6 +305,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
 	if d.rec != nil {
+		sweepReplayFiles(d.log)
 		wg.Go(func() { d.rec.routineRecovery(ctx) })
 	}
 	wg.Go(func() { d.loc.routineSources(ctx) })
@@ -340,6 +342,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	wg.Wait()
 	d.loc.bg.Wait()
 	d.logs.wg.Wait()
+	if d.rec != nil {
+		d.rec.replays.releaseAll("")
+	}
 	if e := <-runErr; err == nil {
 		err = e
 	}

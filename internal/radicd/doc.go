@@ -15,6 +15,7 @@
 //	POST /v1/replica/append?node=N  records of node N, stored here (N's protector); 507 when full
 //	GET  /v1/replica/streams?node=N what is held for N (JSON)
 //	GET  /v1/replica/read?node=N&owner=O&stream=S&from=F  records, concatenated
+//	POST /v1/replica/adopt?node=N&group=G&owner=O&from=H  store under N owner O's streams of G's store on H (a restarted rank's log); {"records": n}
 //	POST /v1/suspect?node=N         an observer escalates a socket error: probe N now
 //	GET  /v1/nodes                  every node: logical address, current address, generation
 //	POST /v1/nodes/moved            a node announces its new address {"id","addr","gen"}

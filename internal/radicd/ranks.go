@@ -749,6 +749,9 @@ func (d *Daemon) handleStdin(w http.ResponseWriter, r *http.Request) {
 // killed, and every rank of the job is forgotten.
 func (d *Daemon) handleForgetJob(w http.ResponseWriter, r *http.Request) {
 	job := r.PathValue("job")
+	if d.rec != nil {
+		d.rec.replays.releaseAll(job)
+	}
 	if d.dir.job(job).Ranks != nil {
 		d.dir.forget(job)
 		go d.sendAll(http.MethodDelete, "/v1/recovery/jobs/"+job, nil)

@@ -2,39 +2,48 @@ package radicd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/internal/launch"
-	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/msglog/record"
 	"github.com/radic-project/radic/observer"
 	"github.com/radic-project/radic/observer/logring"
+	"github.com/radic-project/radic/observer/replayfile"
 	"github.com/radic-project/radic/protector"
 )
 
-// Replay, radicd's half (ARCHITECTURE.md, "Replay"). restartHere fetches
+// Replay, radicd's half (ARCHITECTURE.md, "Replay"). restartHere gets
 // each restarted rank's log (every stream of its owner in the store of
 // the dead node's group, from the protector that holds it) before the
-// rank is created, and keeps it here; the rank's shim asks for it with
-// GET /v1/replay/{owner} (RADIC_REPLAY=<epoch> in its environment tells
-// it to) before main(), and reports its progress with POST
+// rank is created, and lays it out in a file (observer/replayfile: each
+// connection's bytes contiguous and page-aligned) under /dev/shm, named
+// in the rank's environment (RADIC_REPLAY_LOG, with RADIC_REPLAY=<epoch>);
+// the rank's shim maps it before main() and serves receives from the
+// mapping, and reports its progress with POST
 // /v1/replay/{owner}/{reconnected|live}, which become the protector
 // machine's Reconnected and Live once every restarted rank of the group
 // has reported them.
 //
-// Why served over HTTP from radicd rather than a file or a memfd: the
-// shim already speaks HTTP to its radicd (RADIC_DAEMON) before main(),
-// the body is the msglog record encoding both sides already have (with
-// its CRCs and decoder), and nothing is left behind if either side dies.
+// Why a file and not the HTTP body it used to be: the body went through
+// three buffers of the log's size (radicd's, the shim's, each
+// connection's), and on a VM that charges for every fresh page that cost
+// seconds per few hundred MB; a tmpfs file is written by the kernel
+// (~5 GB/s here) and mapped once. The file is unlinked once the rank has
+// reconnected (it has long mapped it), a newer restart replaces it, the
+// job ends or radicd stops; a radicd that died leaves files that the next
+// one on the host removes (sweepReplayFiles).
 
 // replayTable holds the logs of the ranks restarted here, and which
 // restarted groups still wait for their ranks' stages.
@@ -47,9 +56,32 @@ type replayTable struct {
 }
 
 type replayLog struct {
-	body   []byte // msglog record encodings of every stream of the owner
+	path   string // the file (empty: nothing was logged, or released)
+	size   uint64 // its bytes of log: the determinants' and the connections'
 	detLen uint64 // where the restarted process's determinants continue
+	job    string
 	ge     groupEpoch
+}
+
+// release unlinks l's file (the rank mapped it, or will never).
+// +checklocks:t.mu
+func (t *replayTable) release(l *replayLog) {
+	if l.path != "" {
+		os.Remove(l.path)
+		l.path = ""
+	}
+}
+
+// releaseAll unlinks the files of job's ranks (every rank's if job is
+// empty: radicd stops).
+func (t *replayTable) releaseAll(job string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, l := range t.logs {
+		if job == "" || l.job == job {
+			t.release(l)
+		}
+	}
 }
 
 // groupReplay: the owners that have not reported each stage yet.
@@ -79,114 +111,83 @@ func (t *replayTable) detOffset(owner uint64) uint64 {
 	return 0
 }
 
-// fetchLog reads every stream of owner in group's store held on node
-// from, as record encodings, and the determinant stream's length.
-func (d *Daemon) fetchLog(ctx context.Context, from, group int, owner uint64) ([]byte, uint64, error) {
-	var infos []msglog.StreamInfo
-	if from == d.cfg.Node {
-		if err := d.settleLog(ctx, heartbeat.NodeID(group)); err != nil {
-			return nil, 0, err
-		}
-		st := d.stores.lookup(heartbeat.NodeID(group))
-		if st == nil {
-			return nil, 0, nil // nothing was ever logged for the group here
-		}
-		infos = st.Streams(owner)
-	} else {
-		all, err := d.remoteStreams(ctx, heartbeat.NodeID(from), heartbeat.NodeID(group))
-		if err != nil {
-			return nil, 0, fmt.Errorf("streams of node %d's group on node %d: %w", group, from, err)
-		}
-		for k, si := range all {
-			if k.Owner == owner {
-				infos = append(infos, si)
-			}
-		}
+// replayFilePrefix names radicd's replay files in /dev/shm: the pid of
+// the radicd that made them follows (sweepReplayFiles).
+const replayFilePrefix = "radic-replay-"
+
+// replayDir is where replay files go: tmpfs, which the kernel fills
+// without a page fault per page.
+var replayDir = "/dev/shm"
+
+// writeReplayFile lays out owner's log, every stream of owner in group's
+// store held on node from, in a new file at path. It returns the file's
+// header, or nil (and no file) when nothing was logged.
+func (d *Daemon) writeReplayFile(ctx context.Context, path string, from, group heartbeat.NodeID, owner uint64) (h *replayfile.Header, err error) {
+	infos, err := d.ownerStreams(ctx, from, group, owner)
+	if err != nil || len(infos) == 0 {
+		return nil, err
 	}
-	// One buffer for the whole log, sized from the listing (payload bytes,
-	// plus room for the records' headers): growing it, and copying each
-	// stream into it, touched fresh pages several times over, which this
-	// VM pays for per page (a restart's fetch ran at ~60 MB/s).
-	var payload uint64
-	for _, si := range infos {
-		payload += si.End - si.Low
-	}
-	body := make([]byte, 0, payload+payload/16+64<<10)
 	var detLen uint64
+	conns := map[uint64]uint64{}
 	for _, si := range infos {
 		if si.Low > 0 {
-			return nil, 0, fmt.Errorf("stream %d of owner %x was truncated below %d: the exec backend replays from 0", si.Stream, owner, si.Low)
-		}
-		var err error
-		if body, err = d.readReplica(ctx, from, group, owner, si.Stream, body); err != nil {
-			return nil, 0, err
+			return nil, fmt.Errorf("stream %d of owner %x was truncated below %d: the exec backend replays from 0", si.Stream, owner, si.Low)
 		}
 		if si.Stream == observer.DeterminantStream {
 			detLen = si.End
+		} else {
+			conns[si.Stream] = si.End
 		}
 	}
-	return body, detLen, nil
-}
-
-// readReplica appends one stream, from offset 0, as record encodings, to
-// dst.
-func (d *Daemon) readReplica(ctx context.Context, from, group int, owner, stream uint64, dst []byte) ([]byte, error) {
-	if from == d.cfg.Node {
-		st := d.stores.lookup(heartbeat.NodeID(group))
-		if st == nil {
-			return nil, fmt.Errorf("no store of node %d here", group)
-		}
-		c := st.Read(owner, stream, 0)
-		for {
-			rec, err := c.Next()
-			if err == io.EOF {
-				return dst, nil
-			}
-			if err != nil {
-				return nil, err
-			}
-			dst = record.AppendRecord(dst, &rec)
-		}
-	}
-	addr, ok := d.loc.peerAddr(from)
-	if !ok {
-		return nil, fmt.Errorf("no address for node %d", from)
-	}
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, fmt.Sprintf("http://%s/v1/replica/read?node=%d&owner=%d&stream=%d&from=0", addr, group, owner, stream), nil)
-	resp, err := d.client.Do(req)
+	h = replayfile.Plan(detLen, conns)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	start := len(dst)
-	for {
-		if len(dst) == cap(dst) {
-			dst = append(dst, 0)[:len(dst)] // grow
-		}
-		n, err := resp.Body.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
-		if err == io.EOF {
-			break
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = cerr
 		}
 		if err != nil {
-			return nil, err
+			os.Remove(path)
 		}
+	}()
+	if err := f.Truncate(int64(h.Size)); err != nil {
+		return nil, fmt.Errorf("%s: %w (is %s full?)", path, err, replayDir)
 	}
-	b := dst[start:]
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("stream %d of owner %x on node %d: %s: %s", stream, owner, from, resp.Status, strings.TrimSpace(string(b)))
+	if _, err := f.WriteAt(h.Encode(), 0); err != nil {
+		return nil, err
 	}
-	// Check it decodes whole: a short body is an error, never a short log.
-	for off := 0; off < len(b); {
-		_, n, err := record.Decode(b[off:])
+	p := h.NewPlacer()
+	for _, si := range infos {
+		err := d.eachRecord(ctx, from, group, owner, si.Stream, 0, func(r record.Record) error {
+			off, b, err := p.Place(r)
+			if err == nil && len(b) > 0 {
+				_, err = f.WriteAt(b, int64(off))
+			}
+			return err
+		})
 		if err != nil {
-			return nil, fmt.Errorf("stream %d of owner %x on node %d: %w", stream, owner, from, err)
+			return nil, fmt.Errorf("stream %d of owner %x from node %d: %w", si.Stream, owner, from, err)
 		}
-		off += n
 	}
-	return dst, nil
+	return h, p.Done()
+}
+
+// sweepReplayFiles removes the replay files of radicds that are gone
+// (those of another node's radicd on the same host stay).
+func sweepReplayFiles(log *slog.Logger) {
+	ents, _ := os.ReadDir(replayDir)
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), replayFilePrefix)
+		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
+		if !ok || err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		if os.Remove(filepath.Join(replayDir, e.Name())) == nil {
+			log.Info("removed the replay file of a radicd that is gone", "file", e.Name())
+		}
+	}
 }
 
 // prepareReplay fetches the log of (job, rank), keeps it for the rank's
@@ -199,30 +200,56 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 		// what it had appended; the log is whole once that is done.
 		d.logs.waitOwner(owner, 10*time.Second)
 	}
-	start := time.Now()
-	body, detLen, err := d.fetchLog(ctx, req.From, req.Group, owner)
-	fetched := time.Now()
-	if err != nil {
-		return nil, fmt.Errorf("log of rank %d of job %s: %w", rank, job, err)
-	}
-	if req.Group != d.cfg.Node && len(body) > 0 {
-		// The rank's new records go to this node's protectors, under
-		// this node: they continue its streams, so those must be there.
-		prots, err := d.ringProtectors(ctx)
-		if err != nil {
+	// The log comes here for the rank, and goes to this node's
+	// protectors under this node (the rank's new records continue its
+	// streams there, so those must be there first): both at once, each
+	// protector copying it from its holder itself.
+	var prots []heartbeat.NodeID
+	if req.Group != d.cfg.Node {
+		var err error
+		if prots, err = d.ringProtectors(ctx); err != nil {
 			return nil, err
 		}
-		for _, p := range prots {
-			if err := d.pushLog(ctx, p, heartbeat.NodeID(d.cfg.Node), body); err != nil {
-				return nil, fmt.Errorf("log of rank %d of job %s to protector %d: %w", rank, job, p, err)
+	}
+	start := time.Now()
+	adopted := make(chan error, len(prots))
+	for _, p := range prots {
+		go func() {
+			err := d.adoptOn(ctx, p, req.From, req.Group, owner)
+			if err != nil {
+				err = fmt.Errorf("log of rank %d of job %s to protector %d: %w", rank, job, p, err)
 			}
+			adopted <- err
+		}()
+	}
+	path := filepath.Join(replayDir, fmt.Sprintf("%s%d-%s-%d-%d", replayFilePrefix, os.Getpid(), job, rank, req.Epoch))
+	os.Remove(path) // an attempt of this epoch that failed
+	h, err := d.writeReplayFile(ctx, path, heartbeat.NodeID(req.From), heartbeat.NodeID(req.Group), owner)
+	fetched := time.Now()
+	for range prots {
+		err = errors.Join(err, <-adopted)
+	}
+	if err != nil {
+		if h != nil {
+			os.Remove(path)
 		}
+		return nil, fmt.Errorf("log of rank %d of job %s: %w", rank, job, err)
 	}
 	ge := groupEpoch{req.Group, req.Epoch}
+	l := &replayLog{job: job, ge: ge}
+	if h != nil {
+		l.path, l.size, l.detLen = path, h.Dets.Len, h.Dets.Len
+		for _, c := range h.Conns {
+			l.size += c.Len
+		}
+	}
 	t := e.replays
 	t.mu.Lock()
-	t.logs[owner] = &replayLog{body: body, detLen: detLen, ge: ge}
-	if len(body) > 0 {
+	if old := t.logs[owner]; old != nil {
+		t.release(old)
+	}
+	t.logs[owner] = l
+	if h != nil {
 		// Its shim reports its stages. (With nothing logged there is
 		// nothing to wait for, and maybe no shim: radic run --no-radic.)
 		g := t.groups[ge]
@@ -234,9 +261,9 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 		g.pending["live"][owner] = true
 	}
 	t.mu.Unlock()
-	d.log.Info("replay prepared", "job", job, "rank", rank, "owner", fmt.Sprintf("%x", owner), "log_bytes", len(body), "determinant_bytes", detLen, "from", req.From,
-		"fetch", fetched.Sub(start), "reprotect", time.Since(fetched))
-	env = restartEnv(env, req.Epoch, d.cfg.Node != req.Group, d.cfg.Listen.String())
+	d.log.Info("replay prepared", "job", job, "rank", rank, "owner", fmt.Sprintf("%x", owner), "log_bytes", l.size, "determinant_bytes", l.detLen, "from", req.From,
+		"file", l.path, "fetch", fetched.Sub(start), "reprotect", time.Since(start))
+	env = restartEnv(env, req.Epoch, d.cfg.Node != req.Group, d.cfg.Listen.String(), l.path)
 	if d.cfg.StateDir != "" {
 		// Its stderr is compared with the first run's: the shim's own
 		// lines go to a file.
@@ -247,44 +274,22 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 	return env, nil
 }
 
-// pushChunk bounds one request of pushLog: half of what a protector takes.
-const pushChunk = maxBody / 2
-
-// pushLog stores a restarted rank's log (whole record encodings, as
-// fetchLog checked them) on peer p under node of, in requests of at most
-// pushChunk bytes cut at record boundaries: a protector takes at most
-// maxBody per request, and a log can be many times that (a 1 GiB two-way
-// stream killed mid-way: "http: request body too large", no restart).
-func (d *Daemon) pushLog(ctx context.Context, p, of heartbeat.NodeID, body []byte) error {
-	for len(body) > 0 {
-		n := 0
-		for n < len(body) {
-			l := record.HeaderLen + int(record.Header(body[n:n+record.HeaderLen]).Length())
-			if n > 0 && n+l > pushChunk {
-				break
-			}
-			n += l
-		}
-		if err := d.pushTo(ctx, p, of, body[:n]); err != nil {
-			return err
-		}
-		body = body[n:]
-	}
-	return nil
-}
-
-// restartEnv is a restarted rank's environment: RADIC_REPLAY=<epoch>, and
-// on another node than its first, launch.HostedEnv's (RADIC_NODE stays:
-// the app's own address is its logical node's, contract 3).
-func restartEnv(env []string, epoch uint64, moved bool, daemon string) []string {
-	out := make([]string, 0, len(env)+1)
+// restartEnv is a restarted rank's environment: RADIC_REPLAY=<epoch>,
+// RADIC_REPLAY_LOG=<its log's file> if anything was logged, and on
+// another node than its first, launch.HostedEnv's (RADIC_NODE stays: the
+// app's own address is its logical node's, contract 3).
+func restartEnv(env []string, epoch uint64, moved bool, daemon, logFile string) []string {
+	out := make([]string, 0, len(env)+2)
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, "RADIC_REPLAY=") && !strings.HasPrefix(kv, "RADIC_LOG_FILE=") {
+		if !strings.HasPrefix(kv, "RADIC_REPLAY=") && !strings.HasPrefix(kv, "RADIC_REPLAY_LOG=") && !strings.HasPrefix(kv, "RADIC_LOG_FILE=") {
 			out = append(out, kv)
 		}
 	}
 	if moved {
 		out = launch.HostedEnv(out, daemon)
+	}
+	if logFile != "" {
+		out = append(out, "RADIC_REPLAY_LOG="+logFile)
 	}
 	return append(out, "RADIC_REPLAY="+strconv.FormatUint(epoch, 10))
 }
@@ -325,23 +330,6 @@ func (d *Daemon) replayRoutes(mux *http.ServeMux) {
 		}
 		return o, err == nil && d.rec != nil
 	}
-	mux.HandleFunc("GET /v1/replay/{owner}", func(w http.ResponseWriter, r *http.Request) {
-		o, ok := owner(w, r)
-		if !ok {
-			return
-		}
-		t := d.rec.replays
-		t.mu.Lock()
-		l := t.logs[o]
-		t.mu.Unlock()
-		if l == nil {
-			http.Error(w, fmt.Sprintf("no log of owner %x is kept here", o), http.StatusNotFound)
-			return
-		}
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.Itoa(len(l.body))) // the shim reads it into one buffer
-		_, _ = w.Write(l.body)
-	})
 	mux.HandleFunc("POST /v1/replay/{owner}/{stage}", func(w http.ResponseWriter, r *http.Request) {
 		o, ok := owner(w, r)
 		if !ok {
@@ -364,6 +352,7 @@ func (d *Daemon) replayRoutes(mux *http.ServeMux) {
 				delete(g.pending[stage], o)
 				done = len(g.pending[stage]) == 0
 			}
+			t.release(l) // mapped long ago: hundreds of MB of tmpfs, maybe
 		}
 		t.mu.Unlock()
 		if l == nil {
@@ -374,7 +363,7 @@ func (d *Daemon) replayRoutes(mux *http.ServeMux) {
 		if stage == "live" {
 			// Its whole log has been served and consumed
 			// (radic_replay_bytes_total, radic status, radic run).
-			d.noteReplay(ge.group, ge.epoch, uint64(len(l.body)), 0, done)
+			d.noteReplay(ge.group, ge.epoch, l.size, 0, done)
 		}
 		if done {
 			e.stage(ge, stage)

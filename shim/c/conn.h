@@ -110,8 +110,8 @@ struct radic_conn {
 /* One connection's log, for replay (owned by the connection once
  * attached; freed when exhausted). */
 struct radic_replay {
-	unsigned char *data; /* the bytes received, [0, len) */
-	uint64_t len, pos;
+	unsigned char *data; /* the bytes received, [0, len), in a radic_big_alloc of cap */
+	uint64_t len, pos, cap;
 	int64_t *res; /* each receive's result: count, 0 end of stream, -errno */
 	uint64_t nres, idx;
 };
@@ -170,6 +170,10 @@ int radic_conn_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeou
 void radic_conn_fcntl_flags(struct radic_conn *c, int flags);
 int radic_conn_name(struct radic_conn *c, int peer, struct sockaddr *addr, socklen_t *len);
 
+/* Big buffers: mapped, in huge pages where the kernel gives them. */
+void *radic_big_alloc(uint64_t n);
+void radic_big_free(void *p, uint64_t n);
+
 /* For the Go side. */
 struct radic_conn *radic_conn_new(int fd, uint64_t id, int nonblock);
 void radic_conn_attach(struct radic_conn *c, int fd);
@@ -179,9 +183,9 @@ int radic_conn_break(struct radic_conn *c, uint32_t gen, int fd);
 void radic_conn_barrier(struct radic_conn *c);
 int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, uint64_t resume_at);
 /* Replay: attaches a connection's log. The results are copied; the data
- * too, unless owned: then it is malloc'd memory the connection takes over
- * (and frees). */
-int radic_conn_replay(struct radic_conn *c, void *data, uint64_t len, int owned, const int64_t *res,
+ * too, unless owned is not 0: then data is a radic_big_alloc of owned
+ * bytes (len of them used) that the connection takes over (and frees). */
+int radic_conn_replay(struct radic_conn *c, void *data, uint64_t len, uint64_t owned, const int64_t *res,
 		      uint64_t nres);
 /* Replay: the peer received [0, at) of our stream, with CRC-32C hash. */
 void radic_conn_set_verify(struct radic_conn *c, uint64_t at, uint32_t hash);

@@ -23,7 +23,8 @@
 
 struct radic_conn;
 static struct radic_conn *(*conn_new)(int, uint64_t, int);
-static int (*conn_replay)(struct radic_conn *, void *, uint64_t, int, const int64_t *, uint64_t);
+static int (*conn_replay)(struct radic_conn *, void *, uint64_t, uint64_t, const int64_t *, uint64_t);
+static void *(*big_alloc)(uint64_t);
 static void (*set_verify)(struct radic_conn *, uint64_t, uint32_t);
 static int (*conn_swap)(struct radic_conn *, int, const int *, int, uint64_t);
 static int (*conn_break)(struct radic_conn *, uint32_t, int);
@@ -72,13 +73,13 @@ static void receives(void)
 {
 	int fd, peer;
 	struct radic_conn *c = managed(&fd, &peer);
-	/* The connection takes the log's buffer over (owned): freed once the
-	 * log is used up. */
-	char *log = malloc(12);
-	CHECK(log != NULL, "malloc");
+	/* The connection takes the log's buffer over (owned, its size):
+	 * unmapped once the log is used up. */
+	char *log = big_alloc(12);
+	CHECK(log != NULL, "radic_big_alloc");
 	memcpy(log, "hello world!", 12);
 	int64_t res[] = {5, -EAGAIN, 6, 0};
-	CHECK(conn_replay(c, log, 12, 1, res, 3) == 0, "replay");
+	CHECK(conn_replay(c, log, 12, 12, res, 3) == 0, "replay");
 	CHECK(resume_point(c) == 12, "resume point %llu", (unsigned long long)resume_point(c));
 	char buf[64];
 	struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -186,6 +187,7 @@ int main(int argc, char **argv)
 	prog_name = "replaycore";
 		conn_new = sym("radic_conn_new");
 	conn_replay = sym("radic_conn_replay");
+	big_alloc = sym("radic_big_alloc");
 	set_verify = sym("radic_conn_set_verify");
 	conn_swap = sym("radic_conn_swap");
 	conn_break = sym("radic_conn_break");
