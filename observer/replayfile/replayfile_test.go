@@ -63,7 +63,10 @@ func TestDecodeRefuses(t *testing.T) {
 		{"size differs from the file", good[:len(good)-PageSize]},
 		{"region not aligned", mutate(func(b []byte) []byte { b[fixed+8]++; return reseal(b) })},
 		{"region past the end", mutate(func(b []byte) []byte { b[fixed+perConn+16] = 0xff; b[fixed+perConn+17] = 0xff; return reseal(b) })},
-		{"regions overlap", mutate(func(b []byte) []byte { copy(b[fixed+perConn+8:fixed+perConn+16], b[fixed+8:fixed+16]); return reseal(b) })},
+		{"regions overlap", mutate(func(b []byte) []byte {
+			copy(b[fixed+perConn+8:fixed+perConn+16], b[fixed+8:fixed+16])
+			return reseal(b)
+		})},
 		{"connections out of order", mutate(func(b []byte) []byte { b[fixed] = 5; return reseal(b) })},
 		{"too many connections", mutate(func(b []byte) []byte { b[15] = 0x7f; return b })},
 	} {
@@ -91,7 +94,7 @@ func TestPlacer(t *testing.T) {
 		rec(observer.DeterminantStream, 0, "xyz"),
 		rec(1, 2, "cdef"), // overlaps: "c" again
 		rec(1, 0, "ab"),   // all seen already
-		rec(2, 0, "ghi"), // "i" came after the listing
+		rec(2, 0, "ghi"),  // "i" came after the listing
 	} {
 		off, b, err := p.Place(r)
 		if err != nil {
