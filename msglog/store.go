@@ -362,6 +362,13 @@ func (s *Store) AppendBatch(rs []Record) (int, error) {
 	return s.appendBatch(rs, nil, s.opts.Sync == SyncAlways, false)
 }
 
+// AppendBatchNoSync is AppendBatch without the fsync that SyncAlways
+// makes, for a caller that stores many batches and makes them durable
+// at once with Sync.
+func (s *Store) AppendBatchNoSync(rs []Record) (int, error) {
+	return s.appendBatch(rs, nil, false, false)
+}
+
 // Write is AppendBatch for a caller that fsyncs itself (Sync) when it
 // needs to, whatever the policy, and hands the payloads over: the store
 // may keep them (in its cache of recent records) instead of a copy, so
@@ -1066,7 +1073,7 @@ func (s *Store) CopyOwner(src *Store, owner uint64) (int, error) {
 			for i := range batch {
 				batch[i].Payload = buf[spans[i].from:spans[i].to:spans[i].to]
 			}
-			k, err := s.appendBatch(batch, nil, false, false)
+			k, err := s.AppendBatchNoSync(batch)
 			n += k
 			if err != nil {
 				return n, err

@@ -57,6 +57,8 @@ type replayState struct {
 	held map[uint16][]*heldConn // connections accepted out of turn, per port
 	// +checklocks:mu
 	connects []observer.Determinant // logged connects not yet made again
+	// +checklocks:mu
+	firstAttach time.Time // when the first connection took its log: the replay's start
 }
 
 // fetchReplay maps this process's log from the file at path (empty:
@@ -197,6 +199,9 @@ func (r *replayState) attach(c *conn) {
 		os.Exit(1)
 	}
 	r.handed[c.id] = len(cr.Data)
+	if r.firstAttach.IsZero() {
+		r.firstAttach = time.Now()
+	}
 	// The data's region of the mapping goes over to C as it is (and Go
 	// forgets it: C unmaps it, to its page's end, once the log is used
 	// up; the next region starts on the next page).
@@ -329,7 +334,19 @@ func (s *safeSockets) routineProgress() {
 			// Every log that was attached is exhausted, and every logged
 			// connection was created (resumed implies attached).
 			s.postStage(stage)
-			logf("replay done: live")
+			r.mu.Lock()
+			var n int
+			for _, b := range r.handed {
+				n += b
+			}
+			first := r.firstAttach
+			r.mu.Unlock()
+			if first.IsZero() || n == 0 {
+				logf("replay done: live")
+				return
+			}
+			took := time.Since(first)
+			logf("replay done: live: %d bytes replayed in %v from the first connection's attach (%.0f MB/s)", n, took.Round(time.Millisecond), float64(n)/took.Seconds()/1e6)
 			return
 		}
 	}

@@ -76,23 +76,22 @@ func (d *Daemon) adopt(ctx context.Context, st *msglog.Store, from, group heartb
 	if err != nil {
 		return 0, err
 	}
-	n := 0
+	b := newRecordBatch(st)
 	for _, si := range infos {
-		b := newRecordBatch(st)
 		err := d.eachRecord(ctx, from, group, owner, si.Stream, si.Low, b.add)
 		if err == nil {
 			err = b.flush()
 		}
-		n += b.stored
 		if err != nil {
-			return n, fmt.Errorf("stream %d of owner %x from node %d: %w", si.Stream, owner, from, err)
+			return b.stored, fmt.Errorf("stream %d of owner %x from node %d: %w", si.Stream, owner, from, err)
 		}
 	}
-	return n, nil
+	return b.stored, st.Sync() // once, for every batch
 }
 
 // recordBatch appends records to a store in batches of about adoptBatch
-// payload bytes, copied into one reused buffer.
+// payload bytes, copied into one reused buffer, without an fsync each
+// (the caller syncs once).
 type recordBatch struct {
 	st     *msglog.Store
 	buf    []byte
@@ -121,7 +120,7 @@ func (b *recordBatch) flush() error {
 	for i, s := range b.spans {
 		b.recs[i].Payload = b.buf[s[0]:s[1]:s[1]]
 	}
-	k, err := b.st.AppendBatch(b.recs)
+	k, err := b.st.AppendBatchNoSync(b.recs)
 	b.stored += k
 	b.buf, b.recs, b.spans = b.buf[:0], b.recs[:0], b.spans[:0]
 	return err

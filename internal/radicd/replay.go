@@ -262,7 +262,7 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 	}
 	t.mu.Unlock()
 	d.log.Info("replay prepared", "job", job, "rank", rank, "owner", fmt.Sprintf("%x", owner), "log_bytes", l.size, "determinant_bytes", l.detLen, "from", req.From,
-		"file", l.path, "fetch", fetched.Sub(start), "reprotect", time.Since(start))
+		"file", l.path, "fetch", fetched.Sub(start), "prepare", time.Since(start))
 	env = restartEnv(env, req.Epoch, d.cfg.Node != req.Group, d.cfg.Listen.String(), l.path)
 	if d.cfg.StateDir != "" {
 		// Its stderr is compared with the first run's: the shim's own

@@ -20,9 +20,10 @@
 //   - BenchmarkRecoveryOverhead (recovery_test.go): pessimistic logging
 //     against safe sockets without it and bare TCP.
 //   - BenchmarkRecoveryTimes (recoverytime_test.go): kill-node of a
-//     stream's rank, 20 times, each on a fresh cluster with a spare and
-//     radicd as `radic cluster up --fence-kill` runs it: detection,
-//     restart, reconnection and replay times.
+//     stream's rank, 20 times, and of a sink's receiver (netbench bw), 5
+//     times, each on a fresh cluster with a spare and radicd as `radic
+//     cluster up --fence-kill` runs it: detection, restart, reconnection
+//     and replay times, and the log's fetch and replay rates.
 //
 // Timing is reported (a markdown table on stdout, the runs in the log),
 // never failed on; a run that breaks (a rank fails, a managed run was not
