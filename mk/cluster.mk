@@ -2,7 +2,7 @@
 # stream checker (issue 4): C socket programs under test/apps/, built into
 # build/apps/NAME.
 
-CLUSTER_APPS    := jacobi farm stream addrs starve logcost urandom ctlwait ticket
+CLUSTER_APPS    := jacobi farm stream addrs starve logcost urandom ctlwait ticket whoami
 CLUSTER_APP_DEP := test/apps/common.c test/apps/common.h
 
 BUILD_TARGETS += $(addprefix build/apps/,$(CLUSTER_APPS))

@@ -36,6 +36,11 @@ type ReceiveLog struct {
 	// DetLen is the determinant stream's length: where the restarted
 	// process's own determinants continue.
 	DetLen uint64
+	// Identity is what getpid and gethostname answered the process in
+	// its first run (KindValue determinants): a restarted process is
+	// given the same answers, so that what it prints or computes from
+	// them does not differ from what its first run did.
+	Identity map[ValueCall][]byte
 }
 
 // ErrReceiveLog is wrapped by every error of SplitReceives and ReceivesFrom.
@@ -56,7 +61,8 @@ func logErr(format string, args ...any) error {
 // connection of the earlier run even when nothing was received on it (the
 // peer holds it: the restarted process resumes it rather than open another).
 // Determinants of other kinds are refused: this replay knows receives,
-// connections and polls only.
+// connections, polls and the process's identity (getpid, gethostname)
+// only.
 func SplitReceives(recs []msgrec.Record) (*ReceiveLog, error) {
 	var dets []byte
 	data := map[uint64][]byte{}
@@ -129,8 +135,20 @@ func ReceivesFrom(dets []byte, data map[uint64][]byte) (*ReceiveLog, error) {
 			off += n
 			continue
 		}
+		if d.Kind == KindValue && (d.ValueCall == ValueGetpid || d.ValueCall == ValueGethostname) {
+			// The first run's identity: a process restarted twice
+			// logs none of its own (it keeps this one).
+			if log.Identity == nil {
+				log.Identity = map[ValueCall][]byte{}
+			}
+			if _, ok := log.Identity[d.ValueCall]; !ok {
+				log.Identity[d.ValueCall] = d.Value
+			}
+			off += n
+			continue
+		}
 		if d.Kind != KindRecv {
-			return nil, logErr("determinant at offset %d: %v (only receives, connections and polls are replayed)", off, &d)
+			return nil, logErr("determinant at offset %d: %v (only receives, connections, polls and the identity are replayed)", off, &d)
 		}
 		c := get(d.Conn)
 		switch {

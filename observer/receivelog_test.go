@@ -92,6 +92,36 @@ func TestSplitReceivesConnections(t *testing.T) {
 	}
 }
 
+// The identity the first run logged is the log's; a later one (a process
+// restarted twice logs none, but a log may hold two) does not replace it.
+// A connection's bytes come from ReceivesFrom's data as they are.
+func TestReceivesFromIdentity(t *testing.T) {
+	d := dets(t,
+		Determinant{Kind: KindValue, ValueCall: ValueGetpid, Value: []byte{1, 2, 3, 4, 0, 0, 0, 0}},
+		Determinant{Kind: KindValue, ValueCall: ValueGethostname, Value: []byte("n1")},
+		Determinant{Kind: KindRecv, Conn: 5, N: 3},
+		Determinant{Kind: KindValue, ValueCall: ValueGethostname, Value: []byte("n2")},
+	)
+	data := []byte("abc")
+	got, err := ReceivesFrom(d, map[uint64][]byte{5: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &ReceiveLog{DetLen: uint64(len(d)), Conns: map[uint64]*ConnReceives{5: {Data: data, Results: []int64{3}}},
+		Identity: map[ValueCall][]byte{ValueGetpid: {1, 2, 3, 4, 0, 0, 0, 0}, ValueGethostname: []byte("n1")}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ReceivesFrom (-want +got):\n%s", diff)
+	}
+	if &got.Conns[5].Data[0] != &data[0] {
+		t.Errorf("ReceivesFrom copied a connection's bytes")
+	}
+	// Other values (a socket's name) are not replayed yet: refused.
+	bad := dets(t, Determinant{Kind: KindValue, ValueCall: ValueGetsockname, Ref: 5, Value: []byte("x")})
+	if _, err := ReceivesFrom(bad, nil); !errors.Is(err, ErrReceiveLog) {
+		t.Errorf("ReceivesFrom(getsockname value) = %v, want ErrReceiveLog", err)
+	}
+}
+
 func TestSplitReceivesRefuses(t *testing.T) {
 	const c1 = 7
 	for _, tc := range []struct {

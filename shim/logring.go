@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/radic-project/radic/observer"
 	"github.com/radic-project/radic/observer/logring"
 )
 
@@ -88,7 +90,23 @@ func (s *safeSockets) setupLog(daemon string) error {
 	}
 	C.radic_log_enable(h, boolInt(unsafeAcks))
 	debugf("log ring of %d bytes handed to radicd", size)
+	if s.replay == nil {
+		logIdentity()
+	}
 	return nil
+}
+
+// logIdentity logs what getpid and gethostname answer this process (its
+// first run): re-executed, it is given the same (shim/c/identity.c). A
+// restarted process logs nothing: its log holds its first run's.
+func logIdentity() {
+	var pid [8]byte
+	binary.LittleEndian.PutUint64(pid[:], uint64(os.Getpid()))
+	C.radic_log_value(C.RADIC_VALUE_GETPID, unsafe.Pointer(&pid[0]), C.size_t(len(pid)))
+	if host, err := os.Hostname(); err == nil && host != "" && len(host) <= observer.MaxValue {
+		b := []byte(host)
+		C.radic_log_value(C.RADIC_VALUE_GETHOSTNAME, unsafe.Pointer(&b[0]), C.size_t(len(b)))
+	}
 }
 
 // flushLogFor: before an acknowledgement, if the connection has delivered

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net/http"
@@ -108,12 +109,31 @@ func (s *safeSockets) fetchReplay(epochEnv, path string) (*replayState, error) {
 	if err := replayPolls(log.Ready); err != nil {
 		return nil, err
 	}
+	setIdentity(log.Identity)
 	accepts := map[uint16][]uint64{}
 	for port, ids := range log.Accepts {
 		accepts[port] = append([]uint64(nil), ids...)
 	}
 	return &replayState{epoch: uint32(epoch), owner: owner, log: log, handed: map[uint64]int{}, resumed: map[uint64]bool{},
 		accepts: accepts, held: map[uint16][]*heldConn{}, connects: slices.Clone(log.Connects)}, nil
+}
+
+// setIdentity gives the process the pid and host name its first run saw
+// (shim/c/identity.c), if its log holds them.
+func setIdentity(id map[observer.ValueCall][]byte) {
+	pid := 0
+	if v := id[observer.ValueGetpid]; len(v) == 8 {
+		pid = int(binary.LittleEndian.Uint64(v))
+	}
+	var host *C.char
+	if v, ok := id[observer.ValueGethostname]; ok {
+		host = C.CString(string(v))
+		defer C.free(unsafe.Pointer(host))
+	}
+	if pid != 0 || host != nil {
+		C.radic_set_identity(C.int(pid), host)
+		debugf("the first run's identity: pid %d, host %q", pid, id[observer.ValueGethostname])
+	}
 }
 
 // mapReplayFile maps the file at path, read-only.

@@ -151,17 +151,20 @@ func (c *Converter) plan(recs []Record) ([]planRec, map[uint64]*connLog, error) 
 		if r.Conn == observer.DeterminantStream {
 			return fail(i, r, observer.ErrReservedConn.Error())
 		}
-		if r.Type == TypeReady || (r.Type == TypeConnect && r.Result < 0) {
-			// A determinant alone: a wait's payload is not a
-			// connection's bytes, a failed connect made none.
+		if r.Type == TypeReady || r.Type == TypeValue || (r.Type == TypeConnect && r.Result < 0) {
+			// A determinant alone: a wait's or a value's payload is
+			// not a connection's bytes, a failed connect made none.
 			d := observer.Determinant{Kind: observer.KindConnect, Peer: UnpackPeer(r.Offset), Errno: syscall.Errno(-r.Result)}
-			if r.Type == TypeReady {
+			switch r.Type {
+			case TypeReady:
 				call := observer.ReadyCall(r.Conn)
 				if call == 0 {
 					call = observer.ReadyPoll
 				}
 				d = observer.Determinant{Kind: observer.KindReady, ReadyCall: call,
 					Errno: syscall.Errno(-r.Result), Ready: ReadyFds(r)}
+			case TypeValue:
+				d = observer.Determinant{Kind: observer.KindValue, ValueCall: observer.ValueCall(r.Conn), Value: r.Payload}
 			}
 			var err error
 			if dets, err = observer.AppendDeterminant(dets, &d); err != nil {

@@ -110,6 +110,10 @@ const (
 	// poll) over a set with managed fds reported the Offset fds in the
 	// payload ([ReadyFds]), or failed with -Result.
 	TypeReady Type = 6
+	// TypeValue: a call (Conn: its observer.ValueCall, getpid or
+	// gethostname) answered the payload, the process's identity as the
+	// program sees it.
+	TypeValue Type = 7
 )
 
 // ReadyFdLen is the size of one reported fd in a TypeReady payload.
@@ -159,6 +163,8 @@ func (t Type) String() string {
 		return "accept"
 	case TypeReady:
 		return "ready"
+	case TypeValue:
+		return "value"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -269,6 +275,17 @@ func Decode(b []byte) (Record, int, error) {
 			if le.Uint16(p[6:]) != 0 || le.Uint16(p[4:]) == 0 {
 				return bad("ready fd", int64(le.Uint32(p)))
 			}
+		}
+	case TypeValue:
+		switch {
+		case r.Conn != uint64(observer.ValueGetpid) && r.Conn != uint64(observer.ValueGethostname):
+			return bad("conn", int64(r.Conn))
+		case r.Result != 0:
+			return bad("result", int64(r.Result))
+		case r.Offset != 0:
+			return bad("offset", int64(r.Offset))
+		case plen > observer.MaxValue:
+			return bad("len", int64(n))
 		}
 	default:
 		return bad("type", int64(r.Type))

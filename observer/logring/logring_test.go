@@ -188,6 +188,44 @@ func TestConvertPolls(t *testing.T) {
 	}
 }
 
+// The process's identity (what getpid and gethostname answered) becomes
+// value determinants, and no stream gets its bytes.
+func TestConvertIdentity(t *testing.T) {
+	pid := binary.LittleEndian.AppendUint64(nil, 4242)
+	recs, err := DecodeAll(enc(
+		Record{Type: TypeValue, Conn: uint64(observer.ValueGetpid), Payload: pid},
+		Record{Type: TypeValue, Conn: uint64(observer.ValueGethostname), Payload: []byte("n1")},
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := NewConverter(3, 0).Convert(nil, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []msglog.Record{{Kind: msglog.KindDeterminant, Owner: 3, Stream: observer.DeterminantStream, Payload: dets(t,
+		observer.Determinant{Kind: observer.KindValue, ValueCall: observer.ValueGetpid, Value: pid},
+		observer.Determinant{Kind: observer.KindValue, ValueCall: observer.ValueGethostname, Value: []byte("n1")},
+	)}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Convert (-want +got):\n%s", d)
+	}
+	for _, tc := range []struct {
+		name string
+		r    Record
+	}{
+		{"not an identity call", Record{Type: TypeValue, Conn: uint64(observer.ValueGetsockname), Payload: pid}},
+		{"no call", Record{Type: TypeValue, Payload: pid}},
+		{"result", Record{Type: TypeValue, Conn: uint64(observer.ValueGetpid), Result: -1}},
+		{"offset", Record{Type: TypeValue, Conn: uint64(observer.ValueGetpid), Offset: 8, Payload: pid}},
+		{"too long", Record{Type: TypeValue, Conn: uint64(observer.ValueGethostname), Payload: make([]byte, observer.MaxValue+1)}},
+	} {
+		if _, _, err := Decode(enc(tc.r)); !errors.Is(err, ErrFormat) {
+			t.Errorf("%s: Decode = %v, want ErrFormat", tc.name, err)
+		}
+	}
+}
+
 // TestConvertReplayedConnection: a restarted process's connection that it
 // replayed continues at its log's end; a receive that returned nothing
 // (EAGAIN once the log ran out) may be its first record and does not pin

@@ -116,7 +116,7 @@ static void __attribute__((noreturn)) diverged_exit(const char *msg)
 	radic_logf("%s", msg);
 	if (getenv("RADIC_LOG_FILE") != NULL) {
 		char line[512];
-		int n = snprintf(line, sizeof line, "radic[%d]: %s\n", (int)getpid(), msg);
+		int n = snprintf(line, sizeof line, "radic[%d]: %s\n", (int)radic_real_pid(), msg);
 		if (n > (int)sizeof line - 1)
 			n = (int)sizeof line - 1;
 		(void)!REAL(write)(2, line, (size_t)n);

@@ -50,7 +50,7 @@ void radic_logf(const char *fmt, ...)
 {
 	char buf[512];
 	int saved = errno;
-	int n = snprintf(buf, sizeof buf, "radic[%d]: ", (int)getpid());
+	int n = snprintf(buf, sizeof buf, "radic[%d]: ", (int)radic_real_pid());
 	va_list ap;
 	va_start(ap, fmt);
 	n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
@@ -363,7 +363,7 @@ RADIC_START_DATA static int wants_go;
 
 __attribute__((constructor(101))) static void radic_init(void)
 {
-	radic_owner_pid = getpid();
+	radic_owner_pid = radic_real_pid();
 	const char *t = getenv("RADIC_TEST_MANAGE");
 	const char *job = getenv("RADIC_JOB");
 	wants_go = (t != NULL && strcmp(t, "1") == 0) || (job != NULL && *job != 0);
@@ -649,7 +649,7 @@ RADIC_START_DATA static radic_main_fn program_main;
 
 static int radic_main(int argc, char **argv, char **envp)
 {
-	if (wants_go && getpid() == radic_owner_pid)
+	if (wants_go && radic_real_pid() == radic_owner_pid)
 		radic_load_go(argv + argc + 1);
 	return program_main(argc, argv, envp);
 }

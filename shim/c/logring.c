@@ -224,6 +224,14 @@ void radic_log_ready(int call, const struct radic_log_ready *fds, size_t n, int 
 	append(RADIC_LOG_READY, -err, (uint64_t)call, n, &v, 1, 0, v.iov_len);
 }
 
+void radic_log_value(int call, const void *v, size_t n)
+{
+	if (radic_logring == NULL)
+		return;
+	struct iovec iov = {(void *)v, n};
+	append(RADIC_LOG_VALUE, 0, (uint64_t)call, 0, &iov, 1, 0, n);
+}
+
 /* Makes the ring file and maps it; the fd is closed at once (the mapping
  * is all the process keeps, so no fd of ours can be closed under us).
  * NULL with errno on failure. */
@@ -249,7 +257,7 @@ struct radic_log_hdr *radic_log_create(const char *path, uint64_t data_size, uin
 	h->hdr_size = RADIC_LOG_HDR;
 	h->data_size = data_size;
 	h->owner = owner;
-	h->pid = (uint64_t)getpid();
+	h->pid = (uint64_t)radic_real_pid();
 	h->job = job;
 	__atomic_store_n(&h->magic, RADIC_LOG_MAGIC, __ATOMIC_RELEASE);
 	return h;

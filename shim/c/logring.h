@@ -34,7 +34,11 @@ enum {
 	RADIC_LOG_CONNECT = 4, /* offset: the logical peer, ip4 << 16 | port */
 	RADIC_LOG_ACCEPT = 5,  /* offset: the logical port accepted on */
 	RADIC_LOG_READY = 6,   /* conn: the call (enum below); offset: fds reported; payload: struct radic_log_ready each */
+	RADIC_LOG_VALUE = 7,   /* conn: the call (enum below); payload: what it answered */
 };
+
+/* The call a RADIC_LOG_VALUE record answers (observer.ValueCall). */
+enum { RADIC_VALUE_GETPID = 1, RADIC_VALUE_GETHOSTNAME = 2 };
 
 /* The call a RADIC_LOG_READY record answers (observer.ReadyCall); a select
  * is logged as the poll the shim makes of it. */
@@ -111,6 +115,11 @@ void radic_log_ready(int call, const struct radic_log_ready *fds, size_t n, int 
  * must be given the same failures when it is re-executed. A no-op with
  * recovery off; no hold (the process's next send waits for it). */
 void radic_log_connect_failed(uint64_t peer, int err);
+
+/* Appends what a call (RADIC_VALUE_*) answered: the process's identity as
+ * the program sees it, which a re-executed process must be given again.
+ * A no-op with recovery off. */
+void radic_log_value(int call, const void *v, size_t n);
 
 /* Waits until everything appended so far is stable (slow path out of line). */
 void radic_log_hold_slow(uint64_t head);

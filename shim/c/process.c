@@ -3,7 +3,7 @@
  *
  * A fork or vfork child has none of Go's threads; entering Go there hangs or
  * crashes. The child therefore runs C-only until exec: radic_go_allowed()
- * compares getpid() with the pid that loaded the library, which also covers
+ * compares radic_real_pid() with the pid that loaded the library, which also covers
  * children made without these wrappers (vfork, clone, posix_spawn's internal
  * clone). vfork itself is not wrapped: a C wrapper around vfork would return
  * in the child through a frame the parent still needs.
@@ -73,7 +73,7 @@ static char **exec_env(char *const envp[])
 		return NULL;
 	if (radic_in_child)
 		return child_env(envp, fork_index);
-	if (getpid() != radic_owner_pid) /* a vfork child: the parent waits */
+	if (radic_real_pid() != radic_owner_pid) /* a vfork child: the parent waits */
 		return child_env(envp, next_child());
 	return NULL;
 }

@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -122,6 +124,11 @@
 	X(int, fexecve, (int, char *const[], char *const[]))                                \
 	X(void, _exit, (int))                                                                \
 	X(int, sigaction, (int, const struct sigaction *, struct sigaction *))              \
+	X(int, kill, (pid_t, int))                                                           \
+	X(int, sigqueue, (pid_t, int, const union sigval))                                   \
+	X(int, tgkill, (pid_t, pid_t, int))                                                  \
+	X(int, gethostname, (char *, size_t))                                                \
+	X(int, uname, (struct utsname *))                                                    \
 	X(int, pthread_create, (pthread_t *, const pthread_attr_t *, void *(*)(void *), void *)) \
 	X(int, __libc_start_main, (int (*)(int, char **, char **), int, char **,            \
 				   void (*)(void), void (*)(void), void (*)(void), void *))
@@ -242,12 +249,19 @@ void radic_real_close(int fd);
 void radic_real_write_all(int fd, const void *p, size_t n);
 void radic_logf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* This process's pid as the kernel knows it. getpid() is the program's
+ * (identity.c: a restarted process keeps its first run's). */
+static inline pid_t radic_real_pid(void) { return (pid_t)syscall(SYS_getpid); }
+
+/* A restarted process's identity from its log (identity.c). */
+void radic_set_identity(int pid, const char *host);
+
 /* May Go be entered from here, now? The cheap part (managed) is checked by
  * the caller first; this is the rest. */
 static inline int radic_go_allowed(void)
 {
 	return __atomic_load_n(&radic_go_ready, __ATOMIC_ACQUIRE) && !radic_in_shim &&
-	       getpid() == radic_owner_pid;
+	       radic_real_pid() == radic_owner_pid;
 }
 
 #ifdef RADIC_FAULT_DROP_BYTES

@@ -43,7 +43,7 @@ static inline void go_notify(int op, int fd, long a0, long a1, long a2)
 	(void)radic_enter(&c);
 }
 
-static inline int owner(void) { return getpid() == radic_owner_pid; }
+static inline int owner(void) { return radic_real_pid() == radic_owner_pid; }
 
 /* A new fd number came back from the kernel: whatever the table said about
  * that number belonged to an fd that is gone. */

@@ -197,13 +197,59 @@ func TestReplayStream(t *testing.T) {
 	}
 }
 
+// TestReplayIdentity: a restarted rank is given its first run's pid and
+// host name (getpid, gethostname, uname), and its signals to that pid
+// reach it. whoami prints both, seeds its bytes with them and signals
+// itself every round: given its new pid, the restarted rank's output and
+// bytes differed from its first run's and the job stopped on the
+// divergence.
+func TestReplayIdentity(t *testing.T) {
+	line := regexp.MustCompile(`\[rank (\d)\] whoami: rank \d pid (\d+) host (\S+)`)
+	done := regexp.MustCompile(`\[rank (\d)\] whoami ok rank \d pid (\d+) host (\S+) signals (\d+)`)
+	for _, tc := range []struct {
+		fault string
+		rank  int
+	}{{"kill-node", 1}, {"kill-rank", 0}} {
+		t.Run(tc.fault, func(t *testing.T) {
+			c := newNetnsCluster(t, 2, "--spares", "1", "--fence-kill")
+			c.dumpReplayLogs()
+			base := c.logBytes(tc.rank)
+			out, wait := c.startJob("--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
+				testenv.Artifact(t, "build/apps/whoami"), "400", "5")
+			clustertest.WaitRanks(t, c.dir, 2)
+			c.waitLogged(tc.rank, base, 100*8) // a hundred rounds in
+			if o, err := c.radic("fault", tc.fault, strconv.Itoa(tc.rank)); err != nil {
+				t.Fatalf("%s %d: %v\n%s", tc.fault, tc.rank, err, o)
+			}
+			code := waitJob(t, wait)
+			o := out.String()
+			if code != 0 || !strings.Contains(o, "restarted on node") {
+				t.Fatalf("status %d (want 0, after a recovery):\n%s", code, o)
+			}
+			first := map[string][]string{}
+			for _, m := range line.FindAllStringSubmatch(o, -1) {
+				first[m[1]] = m[2:]
+			}
+			ends := done.FindAllStringSubmatch(o, -1)
+			if len(first) != 2 || len(ends) != 2 {
+				t.Fatalf("want each rank's first and last lines once:\n%s", o)
+			}
+			for _, m := range ends {
+				if f := first[m[1]]; f == nil || f[0] != m[2] || f[1] != m[3] || m[4] != "400" {
+					t.Errorf("rank %s ended as pid %s host %s with %s signals; it began as %v and signalled itself 400 times", m[1], m[2], m[3], m[4], f)
+				}
+			}
+		})
+	}
+}
+
 // TestReplayStream1GiB: the issue's two-way 1 GiB stream, either end's
 // node killed mid-stream, ends byte-identical (each rank's digest of what
 // it received equals the fault-free run's). Hundreds of MB of log go
-// through the restart: fetched from the protector, copied to the new
-// node's protectors (in pieces a protector takes: one request of the whole
-// log was refused, "http: request body too large", and the job failed),
-// fetched again by the restarted rank and replayed.
+// through the restart: fetched from the protector into the replay file,
+// adopted by the new node's protectors (pushed to them in one request, it
+// was refused: "http: request body too large", and the job failed),
+// mapped by the restarted rank and replayed.
 func TestReplayStream1GiB(t *testing.T) {
 	run := func(t *testing.T) []string {
 		return []string{"--np", "2", "--tag-output", "--recovery", "--lib", testenv.Artifact(t, "lib/libradic.so"), "--",
