@@ -213,6 +213,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	tr.OnNewSource(d.loc.noteSource)
 	d.hb = tr
 	d.loc.selfMoved = d.beacon
+	d.loc.dead = d.declaredDead
 	d.runner, err = heartbeat.NewRunner(heartbeat.RunnerConfig{
 		Core: d.cfg.HeartbeatConfig(d.inc), Transport: tr, Stats: &d.stats,
 		Logger: d.log, OnEvent: d.onEvent,
@@ -380,6 +381,23 @@ func (d *Daemon) routineWatchdog(ctx context.Context, every time.Duration) {
 
 // onEvent runs on the ring's goroutine: fencing must be done when it
 // returns.
+// declaredDead says whether the ring has declared node id dead (false
+// when the ring does not answer within 100 ms: then try the node).
+func (d *Daemon) declaredDead(id int) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	st, ok := d.runner.Status(ctx)
+	if !ok {
+		return false
+	}
+	for _, m := range st.Members {
+		if int(m.ID) == id {
+			return m.State == "dead"
+		}
+	}
+	return false
+}
+
 func (d *Daemon) onEvent(e heartbeat.Event) {
 	switch e.Kind {
 	case heartbeat.EventFence:

@@ -83,6 +83,11 @@ type locator struct {
 	// selfMoved, when set, is called after this node moved, before the
 	// move is announced (the daemon turns on its heartbeat beacon).
 	selfMoved func()
+	// dead, when set, says whether the ring has declared node id dead:
+	// its daemon is neither pushed to nor asked (each try cost a
+	// registration or a lookup locPeerTimeout; a restarted rank's
+	// listen() waited that long for the push to its dead node).
+	dead func(id int) bool
 
 	lookups    *prometheus.CounterVec
 	moves      *prometheus.CounterVec
@@ -203,6 +208,15 @@ func (l *locator) others() []int {
 		}
 	}
 	return ids
+}
+
+// reachable is others() less the nodes the ring has declared dead.
+func (l *locator) reachable() []int {
+	ids := l.others()
+	if l.dead == nil {
+		return ids
+	}
+	return slices.DeleteFunc(ids, l.dead)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -347,7 +361,7 @@ func (l *locator) handleListeners(w http.ResponseWriter, r *http.Request) {
 // timed out. Failures are logged and counted: a daemon that missed it asks
 // this one when it needs it.
 func (l *locator) push(ctx context.Context, method string, body []byte) {
-	ids := l.others()
+	ids := l.reachable()
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
 	for i, id := range ids {
@@ -479,6 +493,9 @@ func (l *locator) handleLocate(w http.ResponseWriter, r *http.Request) {
 // port) is a radic listener, and caches a hit (and any newer address of
 // the node it carries).
 func (l *locator) askOwner(ctx context.Context, job string, id int, port uint16) (reconfigure.Location, error) {
+	if l.dead != nil && l.dead(id) {
+		return reconfigure.Location{}, fmt.Errorf("node %d has been declared dead", id)
+	}
 	n, _ := l.table.Node(id)
 	q := url.Values{"job": {job}, "addr": {netip.AddrPortFrom(n.Logical, port).String()}, "local": {"1"}}
 	var rep reconfigure.LocateReply

@@ -257,6 +257,28 @@ func TestLocatorMissAsksOwner(t *testing.T) {
 	}
 }
 
+// A node the ring has declared dead is neither pushed to nor asked: a
+// registration and a lookup go on without waiting for its daemon (a
+// restarted rank's listen() waited locPeerTimeout for the push to its
+// dead node before its peers could find it).
+func TestLocatorSkipsDeadNodes(t *testing.T) {
+	c := newLocCluster(t, 1, 3)
+	for _, nd := range c.nodes {
+		nd.loc.dead = func(id int) bool { return id == 2 }
+	}
+	before := c.hits()
+	if code, body := c.do(0, http.MethodPost, "/v1/listeners", `{"job":"J","port":20003,"lpid":"3","ctl_port":41234}`); code != http.StatusNoContent {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	ip2 := c.nodes[2].ln.Addr().(*net.TCPAddr).IP.String()
+	if code, body := c.locate(0, "J", ip2+":20002"); code != http.StatusServiceUnavailable || !strings.Contains(body, "declared dead") {
+		t.Errorf("a lookup of the dead node's listener: %d %s, want 503 naming it dead", code, body)
+	}
+	if h := c.hits(); h[2] != before[2] || h[1]-before[1] != 1 {
+		t.Errorf("requests per node %v -> %v: want one push to node 1 and none to the dead node 2", before, h)
+	}
+}
+
 func TestLocatorMoves(t *testing.T) {
 	c := newLocCluster(t, 4, 3)
 	ip := netip.MustParseAddr
