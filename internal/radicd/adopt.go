@@ -245,7 +245,7 @@ func (d *Daemon) adoptOn(ctx context.Context, p heartbeat.NodeID, from, group in
 	if !ok {
 		return fmt.Errorf("protector %d: no address", p)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, replayFetchTimeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s/v1/replica/adopt?node=%d&group=%d&owner=%d&from=%d", addr, d.cfg.Node, group, owner, from), nil)
 	resp, err := d.client.Do(req)

@@ -115,6 +115,12 @@ func (t *replayTable) detOffset(owner uint64) uint64 {
 // the radicd that made them follows (sweepReplayFiles).
 const replayFilePrefix = "radic-replay-"
 
+// replayFetchTimeout bounds a restarted rank's log's fetch (and its
+// adoption by the new host's protectors): a GB at the few hundred MB/s
+// of this VM takes seconds, a holder that stalls must not stall the
+// recovery for ever.
+const replayFetchTimeout = 2 * time.Minute
+
 // replayDir is where replay files go: tmpfs, which the kernel fills
 // without a page fault per page.
 var replayDir = "/dev/shm"
@@ -123,6 +129,8 @@ var replayDir = "/dev/shm"
 // store held on node from, in a new file at path. It returns the file's
 // header, or nil (and no file) when nothing was logged.
 func (d *Daemon) writeReplayFile(ctx context.Context, path string, from, group heartbeat.NodeID, owner uint64) (h *replayfile.Header, err error) {
+	ctx, cancel := context.WithTimeout(ctx, replayFetchTimeout)
+	defer cancel()
 	infos, err := d.ownerStreams(ctx, from, group, owner)
 	if err != nil || len(infos) == 0 {
 		return nil, err
@@ -190,8 +198,9 @@ func sweepReplayFiles(log *slog.Logger) {
 	}
 }
 
-// prepareReplay fetches the log of (job, rank), keeps it for the rank's
-// shim and returns the environment to restart it with.
+// prepareReplay fetches the log of (job, rank) into its replay file, has
+// this node's protectors adopt it, and returns the environment to restart
+// the rank with.
 func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job string, rank int, env []string) ([]string, error) {
 	d := e.d
 	owner := rankOwner(job, rank)
@@ -222,7 +231,7 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 			adopted <- err
 		}()
 	}
-	path := filepath.Join(replayDir, fmt.Sprintf("%s%d-%s-%d-%d", replayFilePrefix, os.Getpid(), job, rank, req.Epoch))
+	path := filepath.Join(replayDir, fmt.Sprintf("%s%d-%x-%d", replayFilePrefix, os.Getpid(), owner, req.Epoch))
 	os.Remove(path) // an attempt of this epoch that failed
 	h, err := d.writeReplayFile(ctx, path, heartbeat.NodeID(req.From), heartbeat.NodeID(req.Group), owner)
 	fetched := time.Now()

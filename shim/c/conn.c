@@ -181,8 +181,8 @@ static int iov_slice(const struct iovec *v, size_t n, size_t skip, size_t len, s
 /* Big buffers (the retransmit ring, a restarted process's log): mapped,
  * and in huge pages where the kernel gives them on request, since they
  * stream through megabytes. Fresh 4 KiB pages cost a fault each, which
- * some VMs make dear: here 290 MB/s into fresh small pages against
- * 0.7-3.5 GB/s into huge ones. */
+ * some VMs make dear: here 250-370 MB/s into fresh small pages against
+ * 0.5-3.5 GB/s into huge ones. */
 void *radic_big_alloc(uint64_t n)
 {
 	void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
