@@ -275,7 +275,7 @@ func Run(o RunOptions) (int, error) {
 			Path: path, Args: o.Argv,
 			Env:   RankEnv(os.Environ(), &job, r, o.NP, s.Dir, DaemonAddr(s, n), o.Preload),
 			Dir:   cwd,
-			Netns: netnsPath(n), Cgroup: n.JobCg,
+			Netns: netnsPath(n), Cgroup: n.JobCg, Hostname: nodeHostname(n),
 			Stdin: devnull,
 		}
 		if r == 0 && o.Stdin {

@@ -499,6 +499,7 @@ func startDaemons(s *State, o *UpOptions, radicd string) error {
 		spec := proc.Spec{
 			Path: radicd, Args: append([]string{radicd}, RadicdArgs(s, n)...), Env: env,
 			Dir: n.StateDir, Netns: netnsPath(n), Cgroup: n.DaemonCg, Setsid: true,
+			Hostname: nodeHostname(n),
 			Stdout: logf, Stderr: logf,
 		}
 		cmd, err := proc.Start(spec, func(id proc.ID) error {
@@ -581,6 +582,18 @@ func startDaemons(s *State, o *UpOptions, radicd string) error {
 		return nil
 	}
 	return errors.Join(errs...)
+}
+
+// nodeHostname is the host name the programs of node n see: its name, in
+// a UTS namespace of their own, where the node is a network namespace
+// (as real hosts have distinct names, and a rank restarted on another
+// node must be given its first one's); "" in loopback mode, where the
+// nodes share the host and its name.
+func nodeHostname(n *Node) string {
+	if n.Netns == "" {
+		return ""
+	}
+	return n.Name
 }
 
 func netnsPath(n *Node) string {

@@ -182,18 +182,28 @@ func (d *Daemon) writeReplayFile(ctx context.Context, path string, from, group h
 	return h, p.Done()
 }
 
-// sweepReplayFiles removes the replay files of radicds that are gone
-// (those of another node's radicd on the same host stay).
+// sweepReplayFiles removes, from replayDir, the replay files of radicds
+// that are gone and the log rings of processes that are gone (the shim
+// makes a ring and radicd unlinks it once registered: a process killed in
+// between leaves it behind). Files of live processes stay: another node's
+// radicd on the same host, a rank about to register.
 func sweepReplayFiles(log *slog.Logger) {
 	ents, _ := os.ReadDir(replayDir)
 	for _, e := range ents {
-		rest, ok := strings.CutPrefix(e.Name(), replayFilePrefix)
-		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-		if !ok || err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+		var field string
+		if rest, ok := strings.CutPrefix(e.Name(), replayFilePrefix); ok {
+			field, _, _ = strings.Cut(rest, "-") // radic-replay-PID-OWNER-EPOCH
+		} else if rest, ok := strings.CutPrefix(e.Name(), "radic-log."); ok {
+			field = rest[strings.LastIndexByte(rest, '.')+1:] // radic-log.JOB.LPID.PID
+		} else {
+			continue
+		}
+		pid, err := strconv.Atoi(field)
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
 			continue
 		}
 		if os.Remove(filepath.Join(replayDir, e.Name())) == nil {
-			log.Info("removed the replay file of a radicd that is gone", "file", e.Name())
+			log.Info("removed a file of a process that is gone", "file", filepath.Join(replayDir, e.Name()))
 		}
 	}
 }

@@ -198,8 +198,8 @@ func TestReplayStream(t *testing.T) {
 }
 
 // TestReplayIdentity: a restarted rank is given its first run's pid and
-// host name (getpid, gethostname, uname), and its signals to that pid
-// reach it. whoami prints both, seeds its bytes with them and signals
+// host name (getpid, gethostname, uname; each node has its own), and its
+// signals to that pid reach it. whoami prints both, seeds its bytes with them and signals
 // itself every round: given its new pid, the restarted rank's output and
 // bytes differed from its first run's and the job stopped on the
 // divergence.
@@ -237,6 +237,11 @@ func TestReplayIdentity(t *testing.T) {
 			for _, m := range ends {
 				if f := first[m[1]]; f == nil || f[0] != m[2] || f[1] != m[3] || m[4] != "400" {
 					t.Errorf("rank %s ended as pid %s host %s with %s signals; it began as %v and signalled itself 400 times", m[1], m[2], m[3], m[4], f)
+				}
+				// Rank r began on node r, whose host name is nr: the
+				// one restarted on the spare (n2) keeps it.
+				if m[3] != "n"+m[1] {
+					t.Errorf("rank %s's host name is %s, want its first node's, n%s", m[1], m[3], m[1])
 				}
 			}
 		})
