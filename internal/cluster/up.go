@@ -500,7 +500,7 @@ func startDaemons(s *State, o *UpOptions, radicd string) error {
 			Path: radicd, Args: append([]string{radicd}, RadicdArgs(s, n)...), Env: env,
 			Dir: n.StateDir, Netns: netnsPath(n), Cgroup: n.DaemonCg, Setsid: true,
 			Hostname: nodeHostname(n),
-			Stdout: logf, Stderr: logf,
+			Stdout:   logf, Stderr: logf,
 		}
 		cmd, err := proc.Start(spec, func(id proc.ID) error {
 			n.Radicd = &id
