@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -161,7 +162,7 @@ func (d *Daemon) writeReplayFile(ctx context.Context, path string, from, group h
 		}
 	}()
 	if err := f.Truncate(int64(h.Size)); err != nil {
-		return nil, fmt.Errorf("%s: %w (is %s full?)", path, err, replayDir)
+		return nil, err
 	}
 	if _, err := f.WriteAt(h.Encode(), 0); err != nil {
 		return nil, err
@@ -182,13 +183,51 @@ func (d *Daemon) writeReplayFile(ctx context.Context, path string, from, group h
 	return h, p.Done()
 }
 
-// sweepReplayFiles removes, from replayDir, the replay files of radicds
+// placeReplayFile writes owner's replay file (writeReplayFile) in the
+// first of dirs where that works: a full or missing tmpfs must not cost a
+// recovery, only its speed (the state dir, on disk, comes next). It
+// returns the file's path and header (nil and "": nothing was logged).
+func (d *Daemon) placeReplayFile(ctx context.Context, dirs []string, name string, from, group heartbeat.NodeID, owner uint64) (string, *replayfile.Header, error) {
+	var errs []error
+	for _, dir := range dirs {
+		path := filepath.Join(dir, name)
+		os.Remove(path) // an attempt of this epoch that failed
+		h, err := d.writeReplayFile(ctx, path, from, group, owner)
+		if err == nil {
+			if h == nil {
+				path = ""
+			}
+			return path, h, nil
+		}
+		errs = append(errs, err)
+		if !placeError(err) {
+			break // the fetch failed, not the place
+		}
+		d.log.Warn("cannot write a restarted rank's replay file there; trying the next place", "file", path, "err", err)
+	}
+	return "", nil, errors.Join(errs...)
+}
+
+// placeError: err is about where a file goes (full, missing, read-only,
+// not ours), not about what went into it.
+func placeError(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EROFS) ||
+		errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)
+}
+
+// sweepReplayFiles removes, from dirs, the replay files of radicds
 // that are gone and the log rings of processes that are gone (the shim
 // makes a ring and radicd unlinks it once registered: a process killed in
 // between leaves it behind). Files of live processes stay: another node's
 // radicd on the same host, a rank about to register.
-func sweepReplayFiles(log *slog.Logger) {
-	ents, _ := os.ReadDir(replayDir)
+func sweepReplayFiles(log *slog.Logger, dirs ...string) {
+	for _, dir := range dirs {
+		sweepDir(log, dir)
+	}
+}
+
+func sweepDir(log *slog.Logger, dir string) {
+	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		var field string
 		if rest, ok := strings.CutPrefix(e.Name(), replayFilePrefix); ok {
@@ -202,8 +241,8 @@ func sweepReplayFiles(log *slog.Logger) {
 		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
 			continue
 		}
-		if os.Remove(filepath.Join(replayDir, e.Name())) == nil {
-			log.Info("removed a file of a process that is gone", "file", filepath.Join(replayDir, e.Name()))
+		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+			log.Info("removed a file of a process that is gone", "file", filepath.Join(dir, e.Name()))
 		}
 	}
 }
@@ -241,15 +280,18 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 			adopted <- err
 		}()
 	}
-	path := filepath.Join(replayDir, fmt.Sprintf("%s%d-%x-%d", replayFilePrefix, os.Getpid(), owner, req.Epoch))
-	os.Remove(path) // an attempt of this epoch that failed
-	h, err := d.writeReplayFile(ctx, path, heartbeat.NodeID(req.From), heartbeat.NodeID(req.Group), owner)
+	dirs := []string{replayDir}
+	if d.cfg.StateDir != "" {
+		dirs = append(dirs, d.cfg.StateDir)
+	}
+	name := fmt.Sprintf("%s%d-%x-%d", replayFilePrefix, os.Getpid(), owner, req.Epoch)
+	path, h, err := d.placeReplayFile(ctx, dirs, name, heartbeat.NodeID(req.From), heartbeat.NodeID(req.Group), owner)
 	fetched := time.Now()
 	for range prots {
 		err = errors.Join(err, <-adopted)
 	}
 	if err != nil {
-		if h != nil {
+		if path != "" {
 			os.Remove(path)
 		}
 		return nil, fmt.Errorf("log of rank %d of job %s: %w", rank, job, err)
@@ -264,8 +306,8 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 	}
 	t := e.replays
 	t.mu.Lock()
-	if old := t.logs[owner]; old != nil {
-		t.release(old)
+	if old := t.logs[owner]; old != nil && old.path != l.path {
+		t.release(old) // (a retry of the same epoch wrote over the same file)
 	}
 	t.logs[owner] = l
 	if h != nil {
