@@ -32,12 +32,17 @@ import (
 	"github.com/radic-project/radic/observer"
 )
 
-// PageSize aligns every region: the shim unmaps regions one by one.
-const PageSize = 4096
+// PageSize aligns every region: the shim unmaps regions one by one. It is
+// the largest base page Linux runs with (arm64 and ppc64 kernels are often
+// built with 64 KiB pages), not x86's 4 KiB: a region that began inside a
+// page could not be unmapped alone there. The gaps between regions are
+// holes in the file (radicd sizes it with ftruncate and writes only the
+// regions), so they cost address space, not memory.
+const PageSize = 64 << 10
 
 const (
 	magic   = "RADICRPL"
-	version = 1
+	version = 2                     // 2: regions aligned to 64 KiB
 	fixed   = 8 + 4 + 4 + 8 + 8 + 8 // up to the regions
 	perConn = 24
 	// MaxConns bounds a header: a process's connections to other nodes.

@@ -20,13 +20,16 @@ func file(h *Header) []byte {
 }
 
 func TestPlanDecode(t *testing.T) {
-	h := Plan(10, map[uint64]uint64{7: 5000, 3: 0, 1<<32 | 2: 1})
+	if PageSize%(64<<10) != 0 {
+		t.Fatalf("PageSize %d: a region must start on a page of every kernel the shim runs on, 64 KiB pages included", PageSize)
+	}
+	h := Plan(10, map[uint64]uint64{7: PageSize + 904, 3: 0, 1<<32 | 2: 1})
 	want := &Header{
 		Size: 5 * PageSize,
 		Dets: Region{Conn: observer.DeterminantStream, Off: PageSize, Len: 10},
 		Conns: []Region{
-			{Conn: 3, Off: 2 * PageSize, Len: 0}, // nothing received: no page of its own
-			{Conn: 7, Off: 2 * PageSize, Len: 5000},
+			{Conn: 3, Off: 2 * PageSize, Len: 0},              // nothing received: no page of its own
+			{Conn: 7, Off: 2 * PageSize, Len: PageSize + 904}, // two pages
 			{Conn: 1<<32 | 2, Off: 4 * PageSize, Len: 1},
 		},
 	}
@@ -62,7 +65,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"checksum", mutate(func(b []byte) []byte { b[fixed+8]++; return b })},
 		{"size differs from the file", good[:len(good)-PageSize]},
 		{"region not aligned", mutate(func(b []byte) []byte { b[fixed+8]++; return reseal(b) })},
-		{"region past the end", mutate(func(b []byte) []byte { b[fixed+perConn+16] = 0xff; b[fixed+perConn+17] = 0xff; return reseal(b) })},
+		{"region past the end", mutate(func(b []byte) []byte { b[fixed+perConn+19] = 0xff; return reseal(b) })},
 		{"regions overlap", mutate(func(b []byte) []byte {
 			copy(b[fixed+perConn+8:fixed+perConn+16], b[fixed+8:fixed+16])
 			return reseal(b)
