@@ -18,7 +18,12 @@ BUILD_TARGETS :=
 -include mk/*.mk
 
 SHIM_C_SRC  := $(wildcard shim/c/*.c shim/c/*.h shim/c/*.map)
-SHIM_GO_SRC := $(wildcard shim/*.go shim/*.c shim/*.h shim/*.map shim/wire/*.go) $(wildcard shim/c/*.h)
+# The Go half is rebuilt when any package of this module it imports changes
+# (observer/replayfile's format, say), not only shim/: a stale library
+# refuses the replay files a new radicd writes.
+SHIM_GO_DEPS := $(filter $(CURDIR)/%,$(shell $(GO) list -deps -f \
+	'{{if not .Standard}}{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .CgoFiles}}{{$$d}}/{{.}} {{end}}{{end}}' ./shim 2>/dev/null))
+SHIM_GO_SRC := $(sort $(wildcard shim/*.go shim/*.c shim/*.h shim/*.map shim/wire/*.go) $(wildcard shim/c/*.h) $(SHIM_GO_DEPS))
 
 .PHONY: all deps test bench demo check soak clean
 all: lib/libradic.so lib/libradic-go.so bin/radicd bin/radic $(BUILD_TARGETS)
