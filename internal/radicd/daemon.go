@@ -306,7 +306,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
 	if d.rec != nil {
-		sweepReplayFiles(d.log, replayDir, d.cfg.StateDir)
+		sweepReplayFiles(d.log, d.replayDirs()...)
 		wg.Go(func() { d.rec.routineRecovery(ctx) })
 	}
 	wg.Go(func() { d.loc.routineSources(ctx) })

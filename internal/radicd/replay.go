@@ -183,6 +183,15 @@ func (d *Daemon) writeReplayFile(ctx context.Context, path string, from, group h
 	return h, p.Done()
 }
 
+// replayDirs are where replay files may go, in order of preference:
+// tmpfs, then the state dir (on disk).
+func (d *Daemon) replayDirs() []string {
+	if d.cfg.StateDir == "" {
+		return []string{replayDir}
+	}
+	return []string{replayDir, d.cfg.StateDir}
+}
+
 // placeReplayFile writes owner's replay file (writeReplayFile) in the
 // first of dirs where that works: a full or missing tmpfs must not cost a
 // recovery, only its speed (the state dir, on disk, comes next). It
@@ -280,12 +289,8 @@ func (e *recoveryEdge) prepareReplay(ctx context.Context, req restartReq, job st
 			adopted <- err
 		}()
 	}
-	dirs := []string{replayDir}
-	if d.cfg.StateDir != "" {
-		dirs = append(dirs, d.cfg.StateDir)
-	}
 	name := fmt.Sprintf("%s%d-%x-%d", replayFilePrefix, os.Getpid(), owner, req.Epoch)
-	path, h, err := d.placeReplayFile(ctx, dirs, name, heartbeat.NodeID(req.From), heartbeat.NodeID(req.Group), owner)
+	path, h, err := d.placeReplayFile(ctx, d.replayDirs(), name, heartbeat.NodeID(req.From), heartbeat.NodeID(req.Group), owner)
 	fetched := time.Now()
 	for range prots {
 		err = errors.Join(err, <-adopted)
