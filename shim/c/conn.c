@@ -1242,36 +1242,57 @@ static void epoll_noted(int fd);
  * shut-down socket would report ready forever), and onto the new socket
  * after a swap (epoll forgets a file replaced under an fd number).
  */
+static uint64_t ep_arms;       /* ADDs and MODs of safe sockets' registrations (atomic) */
+static int ep_oneshot_seen;    /* a safe socket was registered EPOLLONESHOT (atomic) */
+
+/* Where c's registrations sit: on the socket only while the connection is
+ * UP and has no log left to replay (the wake fd is readable then). Under
+ * eplock. */
+static int ep_target(struct radic_conn *c, int fd)
+{
+	return load_state(c) == RADIC_CONN_UP && c->rp == NULL ? fd : c->wake_fd;
+}
+
 int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	pthread_mutex_lock(&c->eplock);
-	/* Registrations sit on the socket only while the connection is UP
-	 * and has no log left to replay (the wake fd is readable then). */
-	int target = load_state(c) == RADIC_CONN_UP && c->rp == NULL ? fd : c->wake_fd;
+	int target = ep_target(c, fd), i;
+	for (i = 0; i < c->nep && c->ep[i].epfd != epfd; i++)
+		;
+	int parked = i < c->nep && c->ep[i].parked;
 	struct epoll_event e;
 	if (ev)
 		e = *ev;
-	int r = REAL(epoll_ctl)(epfd, op, target, ev ? &e : NULL);
+	int r = 0;
+	if (!parked)
+		r = REAL(epoll_ctl)(epfd, op, target, ev ? &e : NULL);
+	else if (op == EPOLL_CTL_MOD)
+		r = REAL(epoll_ctl)(epfd, EPOLL_CTL_ADD, target, &e); /* re-armed: back in the set */
+	else if (op == EPOLL_CTL_ADD) {
+		errno = EEXIST; /* as the kernel says of a disarmed registration */
+		r = -1;
+	}
 	if (r == 0) {
-		int i;
-		for (i = 0; i < c->nep && c->ep[i].epfd != epfd; i++)
-			;
 		if (op == EPOLL_CTL_DEL) {
 			if (i < c->nep)
 				c->ep[i] = c->ep[--c->nep];
-		} else if (i < c->nep) {
+		} else if (i < c->nep || c->nep < RADIC_EP_MAX) {
+			if (i == c->nep)
+				c->ep[c->nep++].epfd = epfd;
 			c->ep[i].ev = *ev;
-		} else if (c->nep < RADIC_EP_MAX) {
-			c->ep[c->nep].epfd = epfd;
-			c->ep[c->nep].ev = *ev;
-			c->nep++;
+			c->ep[i].parked = 0;
+			c->ep[i].armed_at = __atomic_add_fetch(&ep_arms, 1, __ATOMIC_SEQ_CST);
 		} else {
 			radic_logf("fd %d is in more than %d epoll sets; set %d will not follow a reconnection",
 				   fd, RADIC_EP_MAX, epfd);
 		}
 	}
 	pthread_mutex_unlock(&c->eplock);
-	if (r == 0 && op != EPOLL_CTL_DEL && radic_logring != NULL) {
+	/* A one-shot registration's reports must be seen (ep_reported), as a
+	 * logged set's waits are: both go through radic_conn_epoll_wait. */
+	if (r == 0 && op != EPOLL_CTL_DEL && (radic_logring != NULL || (ev->events & EPOLLONESHOT))) {
+		if (ev->events & EPOLLONESHOT)
+			__atomic_store_n(&ep_oneshot_seen, 1, __ATOMIC_RELAXED);
 		radic_fd_set(epfd, RADIC_FD_EPOLL_CONN);
 		epoll_noted(fd);
 	}
@@ -1284,6 +1305,8 @@ static void ep_move(struct radic_conn *c, int from, int to)
 {
 	for (int i = 0; i < c->nep; i++) {
 		struct epoll_event e = c->ep[i].ev;
+		if (c->ep[i].parked)
+			continue; /* disarmed: in no set until the app re-arms it */
 		if (from >= 0)
 			REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_DEL, from, NULL);
 		if (REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_ADD, to, &e) < 0 && errno != EEXIST)
@@ -1357,25 +1380,59 @@ static int epoll_reg(int epfd, int fd, struct radic_conn **cp, struct epoll_even
 	return found;
 }
 
-/* The fd (and connection) an event of set epfd was reported for: the one
- * whose registration has its data, looked for first at the fd the data
- * names (most programs register data.fd = fd), then at every fd. */
-static struct radic_log_ready epoll_source(int epfd, const struct epoll_event *ev)
+/* The fd (and its connection, *cp) an event of set epfd was reported for:
+ * the one whose registration has its data, looked for first at the fd the
+ * data names (most programs register data.fd = fd), then at every fd. -1
+ * if none. */
+static int epoll_find(int epfd, const struct epoll_event *ev, struct radic_conn **cp)
 {
-	struct radic_log_ready r = {.fd = -1, .revents = (uint16_t)ev->events};
 	int top = __atomic_load_n(&epoll_top, __ATOMIC_RELAXED);
 	for (int i = -1; i < top; i++) {
 		int fd = i < 0 ? ev->data.fd : i;
-		struct radic_conn *c;
 		struct epoll_event reg;
-		if ((unsigned)fd < RADIC_FD_MAX && epoll_reg(epfd, fd, &c, &reg) &&
-		    reg.data.u64 == ev->data.u64) {
-			r.fd = fd;
-			r.conn = c != NULL ? c->id + 1 : 0;
-			break;
-		}
+		if ((unsigned)fd < RADIC_FD_MAX && epoll_reg(epfd, fd, cp, &reg) &&
+		    reg.data.u64 == ev->data.u64)
+			return fd;
 	}
+	*cp = NULL;
+	return -1;
+}
+
+static struct radic_log_ready epoll_source(int epfd, const struct epoll_event *ev)
+{
+	struct radic_conn *c;
+	struct radic_log_ready r = {.fd = epoll_find(epfd, ev, &c), .revents = (uint16_t)ev->events};
+	r.conn = c != NULL ? c->id + 1 : 0;
 	return r;
+}
+
+/*
+ * A one-shot registration that a wait reported is disarmed: the kernel
+ * disarmed it if the report was live, not if it was replayed. Either way
+ * it leaves the set (parked) until the app re-arms it, and moving
+ * registrations skips it. A re-arm since the wait began (since) is the
+ * app's newer word and stands.
+ */
+static void ep_reported(int epfd, const struct epoll_event *evs, int n, uint64_t since)
+{
+	if (n <= 0 || !__atomic_load_n(&ep_oneshot_seen, __ATOMIC_RELAXED))
+		return;
+	int e = errno;
+	for (int k = 0; k < n; k++) {
+		struct radic_conn *c;
+		if (epoll_find(epfd, &evs[k], &c) < 0 || c == NULL)
+			continue;
+		pthread_mutex_lock(&c->eplock);
+		for (int i = 0; i < c->nep; i++) {
+			struct radic_epreg *g = &c->ep[i];
+			if (g->epfd != epfd || !(g->ev.events & EPOLLONESHOT) || g->parked || g->armed_at > since)
+				continue;
+			REAL(epoll_ctl)(epfd, EPOLL_CTL_DEL, ep_target(c, c->ep_fd), NULL);
+			g->parked = 1;
+		}
+		pthread_mutex_unlock(&c->eplock);
+	}
+	errno = e;
 }
 
 static void log_epoll(int epfd, const struct epoll_event *evs, int r)
@@ -1476,13 +1533,17 @@ int radic_conn_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeou
 			  const struct timespec *tmo, const sigset_t *mask)
 {
 	int r;
+	uint64_t since = __atomic_load_n(&ep_arms, __ATOMIC_SEQ_CST);
 	if (RADIC_UNLIKELY(__atomic_load_n(&polls_left, __ATOMIC_ACQUIRE)) &&
-	    replay_epoll(epfd, evs, max, timeout_ms, mask, &r))
+	    replay_epoll(epfd, evs, max, timeout_ms, mask, &r)) {
+		ep_reported(epfd, evs, r, since);
 		return r;
+	}
 	r = tmo != NULL ? REAL(epoll_pwait2)(epfd, evs, max, tmo, mask)
 			: REAL(epoll_pwait)(epfd, evs, max, timeout_ms, mask);
 	if (radic_logring != NULL)
 		log_epoll(epfd, evs, r);
+	ep_reported(epfd, evs, r, since);
 	return r;
 }
 

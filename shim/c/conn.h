@@ -44,6 +44,13 @@ enum radic_conn_state {
 struct radic_epreg {
 	int epfd;
 	struct epoll_event ev; /* what the app registered */
+	/* A one-shot registration the set reported is out of the kernel's
+	 * set until the app re-arms it (EPOLL_CTL_MOD), so that moving
+	 * registrations (a reconnection, the end of a replay) cannot re-arm
+	 * it behind the app's back. armed_at: radic_ep_arms when the app
+	 * last armed it (ADD or MOD). */
+	int parked;
+	uint64_t armed_at;
 };
 
 struct radic_conn {

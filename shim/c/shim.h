@@ -160,7 +160,8 @@ enum {
 	RADIC_FD_EPOLL_MANAGED = 1 << 3, /* an epoll fd watching a managed fd (test mode) */
 	RADIC_FD_CANDIDATE = 1 << 4,     /* a TCP socket that may become managed */
 	RADIC_FD_LISTENER = 1 << 5,      /* a listener registered with radicd */
-	RADIC_FD_EPOLL_CONN = 1 << 6,    /* an epoll set watching a safe socket (recovery): waits logged */
+	RADIC_FD_EPOLL_CONN = 1 << 6,    /* an epoll set watching a safe socket with recovery on (waits
+					    logged) or one-shot (reports seen): radic_conn_epoll_wait */
 	RADIC_FD_EPOLL_NOTED = 1 << 7    /* a plain fd whose epoll registration is noted (recovery) */
 };
 

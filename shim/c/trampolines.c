@@ -961,7 +961,8 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 }
 
 #define EPOLL_MANAGED(epfd) RADIC_UNLIKELY(radic_fd_get(epfd) & RADIC_FD_EPOLL_MANAGED)
-/* A set watching a safe socket, with recovery on: its waits are determinants. */
+/* A set watching a safe socket, with recovery on (its waits are
+ * determinants) or one-shot (a report disarms the registration). */
 #define EPOLL_LOGGED(epfd) \
 	RADIC_UNLIKELY((radic_fd_get(epfd) & RADIC_FD_EPOLL_CONN) && conn_wait())
 

@@ -23,9 +23,12 @@
  * the rank count: not on --mode, the write sizes, timing or the network.
  *
  * Modes: poll (default; one thread, non-blocking sockets, send/recv), epoll
- * (one thread, level-triggered epoll, non-blocking writev/readv) and
- * blocking (a sender and a receiver thread per connection, blocking
- * write/read).
+ * (one thread, level-triggered epoll, non-blocking writev/readv), epoll-et
+ * (edge-triggered: each direction goes on until EAGAIN after an edge),
+ * epoll-oneshot (EPOLLONESHOT: a connection re-arms only after one more
+ * epoll_wait has gone by, and a report for a disarmed registration is an
+ * error) and blocking (a sender and a receiver thread per connection,
+ * blocking write/read).
  *
  * --listen and --connect run one side of a two-process stream without
  * RADIC_PEERS: --listen ADDR acts as rank 0 (one peer), --connect ADDR as
@@ -33,7 +36,7 @@
  * an 8-byte greeting on each connection before reading anything, and the
  * connecting side writes nothing before it has read it.
  *
- *   stream [--conns K] [--bytes N] [--mode poll|epoll|blocking] [--seed S]
+ *   stream [--conns K] [--bytes N] [--mode MODE] [--seed S]
  *          [--rate R] [--progress SEC] [--server-first]
  *          [--listen IP:PORT | --connect IP:PORT]
  *
@@ -49,7 +52,8 @@
  * Exit status: 0 success; 1 setup failure (environment, connection setup);
  * 2 usage; 3 wrong data ("stream: MISMATCH conn C dir D at offset O: got
  * 0x.. want 0x..", also for bytes past the end); 4 a connection failed or
- * ended early ("stream: conn C: <error> after O bytes").
+ * ended early ("stream: conn C: <error> after O bytes"), or epoll reported
+ * a disarmed one-shot registration.
  */
 #include "common.h"
 
@@ -74,7 +78,7 @@
 #define MAXCHUNK (256 * 1024)
 #define GREETING "STREAM!\n"
 
-enum { MODE_POLL, MODE_EPOLL, MODE_BLOCKING };
+enum { MODE_POLL, MODE_EPOLL, MODE_EPOLL_ET, MODE_EPOLL_ONESHOT, MODE_BLOCKING };
 enum { EXIT_SETUP = 1, EXIT_USAGE = 2, EXIT_MISMATCH = 3, EXIT_CONN = 4 };
 
 struct conn {
@@ -89,7 +93,9 @@ struct conn {
 	unsigned char *txbuf;  /* the write in progress: [txpos, txend) left */
 	size_t txpos, txend;
 	int txshut, rxeof, closed;
-	uint32_t events; /* epoll: the interest registered */
+	uint32_t events; /* epoll: the interest registered (UINT32_MAX: none yet) */
+	int rxready, txready; /* epoll-et: an edge came, EAGAIN has not */
+	int armed, cooldown;  /* epoll-oneshot: armed; waits to sit out disarmed */
 };
 
 static uint64_t nbytes = 1ULL << 30;
@@ -250,9 +256,14 @@ static double tx_wake(const struct conn *c)
 
 static unsigned char *rxbuf, *scratch;
 
+static int epoll_mode(void)
+{
+	return mode == MODE_EPOLL || mode == MODE_EPOLL_ET || mode == MODE_EPOLL_ONESHOT;
+}
+
 /* One write on c: starts a new chunk when the last one is done. Returns
- * after the write (partial or not) or EAGAIN. */
-static void tx_step(struct conn *c)
+ * after the write (partial or not: 1) or EAGAIN (0). */
+static int tx_step(struct conn *c)
 {
 	ssize_t w;
 	if (c->txpos == c->txend) {
@@ -265,7 +276,7 @@ static void tx_step(struct conn *c)
 	}
 	if (c->txend > c->txpos) {
 		size_t len = c->txend - c->txpos;
-		if (mode == MODE_EPOLL) {
+		if (epoll_mode()) {
 			/* Two pieces, split at a random point. */
 			size_t cut = (size_t)(next_rand(&c->txrng) % (len + 1));
 			struct iovec iov[2] = {{c->txbuf + c->txpos, cut}, {c->txbuf + c->txpos + cut, len - cut}};
@@ -274,8 +285,10 @@ static void tx_step(struct conn *c)
 			w = send(c->fd, c->txbuf + c->txpos, len, MSG_NOSIGNAL);
 		}
 		if (w < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-				return;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return 0;
+			if (errno == EINTR)
+				return 1;
 			conn_fail(c, "write", errno, c->sent);
 		}
 		c->txpos += (size_t)w;
@@ -286,14 +299,15 @@ static void tx_step(struct conn *c)
 			conn_fail(c, "shutdown", errno, c->sent);
 		c->txshut = 1;
 	}
+	return 1;
 }
 
-/* One read on c. */
-static void rx_step(struct conn *c)
+/* One read on c: 1 if it read bytes, 0 on EAGAIN or end-of-file. */
+static int rx_step(struct conn *c)
 {
 	size_t n = next_size(&c->rxrng);
 	ssize_t r;
-	if (mode == MODE_EPOLL) {
+	if (epoll_mode()) {
 		size_t cut = (size_t)(next_rand(&c->rxrng) % (n + 1));
 		struct iovec iov[2] = {{rxbuf, cut}, {rxbuf + cut, n - cut}};
 		r = readv(c->fd, iov, 2);
@@ -301,8 +315,10 @@ static void rx_step(struct conn *c)
 		r = recv(c->fd, rxbuf, n, 0);
 	}
 	if (r < 0) {
-		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-			return;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		if (errno == EINTR)
+			return 1;
 		conn_fail(c, "read", errno, c->rcvd);
 	}
 	if (r == 0) {
@@ -310,9 +326,10 @@ static void rx_step(struct conn *c)
 			fail_exit(EXIT_CONN, "stream: conn %u: unexpected end-of-file after %" PRIu64 " bytes (want %" PRIu64 ")",
 				  c->id, c->rcvd, nbytes);
 		c->rxeof = 1;
-		return;
+		return 0;
 	}
 	consumed(c, rxbuf, (size_t)r, scratch);
+	return 1;
 }
 
 static void progress(int force);
@@ -435,6 +452,144 @@ static void run_epoll(void)
 				rx_step(c);
 			if (!c->txshut && (((re & EPOLLOUT) && (c->events & EPOLLOUT)) || (re & (EPOLLERR | EPOLLHUP))))
 				tx_step(c);
+			finish_conn(c, epfd, &active);
+		}
+		progress(0);
+	}
+	close(epfd);
+}
+
+/* Reads c until EAGAIN or end-of-file; returns 0 then. */
+static int drain_rx(struct conn *c)
+{
+	while (!c->rxeof && rx_step(c))
+		;
+	return 0;
+}
+
+/* Writes c until EAGAIN (0) or, for a throttled sender, until its wake
+ * time (1: there is more to write then; *wake is lowered to it). */
+static int drain_tx(struct conn *c, double *wake)
+{
+	while (!c->txshut) {
+		double at = c->txpos == c->txend ? tx_wake(c) : 0;
+		if (at > 0) {
+			if (at < *wake)
+				*wake = at;
+			return 1;
+		}
+		if (!tx_step(c))
+			return 0;
+	}
+	return 0;
+}
+
+/* Edge-triggered: each connection is registered once for both directions;
+ * an edge means "try again", so each direction then goes on until EAGAIN
+ * (or, for a throttled sender, until its wake time). */
+static void run_epoll_et(void)
+{
+	struct epoll_event evs[64];
+	int epfd = epoll_create1(EPOLL_CLOEXEC), active = nconns, i;
+	if (epfd < 0)
+		die("epoll_create1: %s", strerror(errno));
+	for (i = 0; i < nconns; i++) {
+		struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.u32 = (uint32_t)i};
+		if (epoll_ctl(epfd, EPOLL_CTL_ADD, conns[i].fd, &e) < 0)
+			die("epoll_ctl ADD: %s", strerror(errno));
+		conns[i].rxready = conns[i].txready = 1;
+	}
+	while (active > 0) {
+		double wake = next_progress > 0 ? next_progress : now_s() + 3600;
+		int k;
+		for (i = 0; i < nconns; i++) {
+			struct conn *c = &conns[i];
+			if (c->closed)
+				continue;
+			if (c->rxready)
+				c->rxready = drain_rx(c);
+			if (c->txready)
+				c->txready = drain_tx(c, &wake);
+			finish_conn(c, epfd, &active);
+		}
+		if (active == 0)
+			break;
+		k = epoll_wait(epfd, evs, 64, timeout_ms(wake));
+		if (k < 0 && errno != EINTR)
+			die("epoll_wait: %s", strerror(errno));
+		for (i = 0; i < k; i++) {
+			struct conn *c = &conns[evs[i].data.u32];
+			uint32_t re = evs[i].events;
+			if (re & (EPOLLIN | EPOLLERR | EPOLLHUP))
+				c->rxready = 1;
+			if (re & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+				c->txready = 1;
+		}
+		progress(0);
+	}
+	close(epfd);
+}
+
+/* One-shot: a report disarms its registration until the program re-arms it
+ * (EPOLL_CTL_MOD); each report is served as an edge is (until EAGAIN). A
+ * connection re-arms only after one more epoll_wait has gone by, so
+ * registrations sit disarmed much of the time, and a report for one is an
+ * error: whatever lies under
+ * the program (a preloaded library moving registrations across a
+ * reconnection or a replay, say) must not re-arm them behind its back. */
+static void run_epoll_oneshot(void)
+{
+	struct epoll_event evs[64];
+	int epfd = epoll_create1(EPOLL_CLOEXEC), active = nconns, i;
+	if (epfd < 0)
+		die("epoll_create1: %s", strerror(errno));
+	while (active > 0) {
+		double wake = next_progress > 0 ? next_progress : now_s() + 3600;
+		int k, cooling = 0;
+		for (i = 0; i < nconns; i++) {
+			struct conn *c = &conns[i];
+			uint32_t want;
+			if (c->closed)
+				continue;
+			/* Writable whether throttled or not: a socket that can
+			 * take bytes is ready, so a registration re-armed behind
+			 * the program's back is reported at its next wait. */
+			want = (c->rxeof ? 0 : EPOLLIN) | (c->txshut ? 0 : EPOLLOUT);
+			if (c->cooldown > 0) {
+				cooling = 1;
+				continue;
+			}
+			if (c->armed && c->events == want)
+				continue;
+			struct epoll_event e = {.events = want | EPOLLONESHOT, .data.u32 = (uint32_t)i};
+			if (epoll_ctl(epfd, c->events == UINT32_MAX ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c->fd, &e) < 0)
+				die("epoll_ctl: %s", strerror(errno));
+			c->events = want;
+			c->armed = 1;
+		}
+		/* A wait with connections cooling only looks, or, when the
+		 * stream is rate-capped and has time to spare, naps 1 ms:
+		 * registrations then sit disarmed most of the time. */
+		if (cooling)
+			wake = rate > 0 ? now_s() + 0.001 : 0;
+		k = epoll_wait(epfd, evs, 64, timeout_ms(wake));
+		if (k < 0 && errno != EINTR)
+			die("epoll_wait: %s", strerror(errno));
+		for (i = 0; i < nconns; i++)
+			if (conns[i].cooldown > 0)
+				conns[i].cooldown--;
+		for (i = 0; i < k; i++) {
+			struct conn *c = &conns[evs[i].data.u32];
+			uint32_t re = evs[i].events;
+			if (!c->armed)
+				fail_exit(EXIT_CONN, "stream: conn %u: epoll_wait reported it (events 0x%x) while its EPOLLONESHOT registration was disarmed",
+					  c->id, re);
+			c->armed = 0;
+			c->cooldown = 1;
+			if (re & (EPOLLIN | EPOLLERR | EPOLLHUP))
+				drain_rx(c);
+			if (((re & EPOLLOUT) && (c->events & EPOLLOUT)) || (re & (EPOLLERR | EPOLLHUP)))
+				drain_tx(c, &wake);
 			finish_conn(c, epfd, &active);
 		}
 		progress(0);
@@ -629,12 +784,13 @@ static void usage(const char *why)
 	if (why)
 		fprintf(stderr, "stream: %s\n", why);
 	fprintf(stderr,
-		"usage: stream [--conns K] [--bytes N] [--mode poll|epoll|blocking] [--seed S]\n"
+		"usage: stream [--conns K] [--bytes N] [--mode MODE] [--seed S]\n"
 		"              [--rate R] [--progress SEC] [--server-first]\n"
 		"              [--listen IP:PORT | --connect IP:PORT]\n"
 		"  --conns K       connections from each rank to rank 0 (default 1)\n"
 		"  --bytes N       bytes each side sends on each connection (default 1G; K/M/G suffixes)\n"
-		"  --mode M        poll (default), epoll or blocking (two threads per connection)\n"
+		"  --mode M        poll (default), epoll (level-triggered), epoll-et (edge-triggered),\n"
+		"                  epoll-oneshot or blocking (two threads per connection)\n"
 		"  --seed S        stream seed (default 1)\n"
 		"  --rate R        cap on the bytes/s a rank sends, over all its connections (default none)\n"
 		"  --progress SEC  progress on stderr every SEC seconds (default 1; 0: none)\n"
@@ -792,10 +948,14 @@ int main(int argc, char **argv)
 				mode = MODE_POLL;
 			else if (!strcmp(v, "epoll"))
 				mode = MODE_EPOLL;
+			else if (!strcmp(v, "epoll-et"))
+				mode = MODE_EPOLL_ET;
+			else if (!strcmp(v, "epoll-oneshot"))
+				mode = MODE_EPOLL_ONESHOT;
 			else if (!strcmp(v, "blocking"))
 				mode = MODE_BLOCKING;
 			else
-				usage("--mode: want poll, epoll or blocking");
+				usage("--mode: want poll, epoll, epoll-et, epoll-oneshot or blocking");
 		} else if (!strcmp(a, "--listen")) {
 			listen_at = v;
 		} else {
@@ -849,6 +1009,10 @@ int main(int argc, char **argv)
 		run_blocking();
 	else if (mode == MODE_EPOLL)
 		run_epoll();
+	else if (mode == MODE_EPOLL_ET)
+		run_epoll_et();
+	else if (mode == MODE_EPOLL_ONESHOT)
+		run_epoll_oneshot();
 	else
 		run_poll();
 	took = now_s() - t_start;

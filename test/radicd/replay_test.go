@@ -138,7 +138,9 @@ func (c *netnsCluster) dumpReplayLogs() {
 // TestReplayStream: a rank killed in the middle of a two-way stream (alone,
 // or with its node) is restarted, replays its log and the job ends as a
 // fault-free run does, in each of the stream's I/O modes (blocking
-// threads, poll, epoll), whether it made the connection or accepted it
+// threads, poll, epoll level-triggered, edge-triggered and one-shot: a
+// replayed report disarms a one-shot registration as the first run's
+// did), whether it made the connection or accepted it
 // (kill-node of the accepting rank: its listener moves with it, and the
 // peer's reconnect finds it on the spare).
 func TestReplayStream(t *testing.T) {
@@ -158,6 +160,8 @@ func TestReplayStream(t *testing.T) {
 		{"kill-rank-blocking", "blocking", "kill-rank", 1, 1},
 		{"kill-rank-poll", "poll", "kill-rank", 1, 1},
 		{"kill-rank-epoll", "epoll", "kill-rank", 1, 1},
+		{"kill-rank-epoll-et", "epoll-et", "kill-rank", 1, 1},
+		{"kill-rank-epoll-oneshot", "epoll-oneshot", "kill-rank", 1, 1},
 		{"kill-rank-acceptor", "blocking", "kill-rank", 0, 0},
 		{"kill-node-blocking", "blocking", "kill-node", 1, 2},
 		{"kill-node-acceptor", "blocking", "kill-node", 0, 2},
