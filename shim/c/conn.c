@@ -1253,6 +1253,30 @@ static int ep_target(struct radic_conn *c, int fd)
 	return load_state(c) == RADIC_CONN_UP && c->rp == NULL ? fd : c->wake_fd;
 }
 
+/* What a registration asks of target. The wake fd is always writable, but
+ * a BROKEN connection is not (poll and select say so too): EPOLLOUT waits
+ * for the new socket, or the failure, or a level-triggered writer would
+ * spin through the cut once the retransmit ring is full. Under eplock. */
+static uint32_t ep_events(struct radic_conn *c, uint32_t events, int target)
+{
+	if (target == c->wake_fd && load_state(c) == RADIC_CONN_BROKEN)
+		return events & ~(uint32_t)EPOLLOUT;
+	return events;
+}
+
+/* Makes the kernel's registrations on target ask what ep_events says now
+ * (after a state change that leaves them where they are). Under eplock. */
+static void ep_refresh(struct radic_conn *c, int target)
+{
+	for (int i = 0; i < c->nep; i++) {
+		if (c->ep[i].parked)
+			continue;
+		struct epoll_event e = c->ep[i].ev;
+		e.events = ep_events(c, e.events, target);
+		REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_MOD, target, &e);
+	}
+}
+
 int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	pthread_mutex_lock(&c->eplock);
@@ -1261,8 +1285,10 @@ int radic_conn_epoll_ctl(struct radic_conn *c, int epfd, int op, int fd, struct 
 		;
 	int parked = i < c->nep && c->ep[i].parked;
 	struct epoll_event e;
-	if (ev)
+	if (ev) {
 		e = *ev;
+		e.events = ep_events(c, e.events, target);
+	}
 	int r = 0;
 	if (!parked)
 		r = REAL(epoll_ctl)(epfd, op, target, ev ? &e : NULL);
@@ -1307,9 +1333,13 @@ static void ep_move(struct radic_conn *c, int from, int to)
 		struct epoll_event e = c->ep[i].ev;
 		if (c->ep[i].parked)
 			continue; /* disarmed: in no set until the app re-arms it */
+		e.events = ep_events(c, e.events, to);
 		if (from >= 0)
 			REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_DEL, from, NULL);
-		if (REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_ADD, to, &e) < 0 && errno != EEXIST)
+		/* Already there (a replaying connection's registrations sit on
+		 * the wake fd before and after a break): what it asks may not. */
+		if (REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_ADD, to, &e) < 0 &&
+		    (errno != EEXIST || REAL(epoll_ctl)(c->ep[i].epfd, EPOLL_CTL_MOD, to, &e) < 0))
 			radic_logf("cannot re-register fd %d in epoll set %d: %s", to, c->ep[i].epfd,
 				   strerror(errno));
 	}
@@ -1774,6 +1804,8 @@ int radic_conn_swap(struct radic_conn *c, int sock, const int *fds, int nfds, ui
 	if (r == 0) {
 		c->gen++;
 		set_state(c, load_state(c), RADIC_CONN_UP);
+		if (nfds > 0 && c->rp != NULL)
+			ep_refresh(c, c->wake_fd); /* still replaying: wake fd, now writable */
 		uint64_t one = 1;
 		(void)!REAL(write)(c->wake_fd, &one, sizeof one);
 	}
@@ -1834,6 +1866,8 @@ void radic_conn_fail(struct radic_conn *c, int err, int fd)
 	if (st == RADIC_CONN_UP)
 		ep_move(c, fd, c->wake_fd); /* the socket may be silent: the wake fd is not */
 	set_state(c, st, RADIC_CONN_FAILED);
+	if (st == RADIC_CONN_BROKEN)
+		ep_refresh(c, c->wake_fd); /* writable again: the write will fail */
 	uint64_t one = 1;
 	(void)!REAL(write)(c->wake_fd, &one, sizeof one);
 	pthread_mutex_unlock(&c->eplock);

@@ -37,7 +37,7 @@
  * connecting side writes nothing before it has read it.
  *
  *   stream [--conns K] [--bytes N] [--mode MODE] [--seed S]
- *          [--rate R] [--progress SEC] [--server-first]
+ *          [--rate R] [--progress SEC] [--server-first] [--max-idle-out N]
  *          [--listen IP:PORT | --connect IP:PORT]
  *
  * Sizes and rates take K, M and G suffixes (KiB, MiB, GiB). --rate caps
@@ -96,6 +96,7 @@ struct conn {
 	uint32_t events; /* epoll: the interest registered (UINT32_MAX: none yet) */
 	int rxready, txready; /* epoll-et: an edge came, EAGAIN has not */
 	int armed, cooldown;  /* epoll-oneshot: armed; waits to sit out disarmed */
+	uint64_t idle_out;    /* epoll: writable reports a write answered EAGAIN */
 };
 
 static uint64_t nbytes = 1ULL << 30;
@@ -105,6 +106,7 @@ static double progress_every = 1;
 static int mode = MODE_POLL;
 static int server_first;
 static int role_rank;
+static uint64_t max_idle_out; /* epoll: --max-idle-out (0: no limit) */
 static double t_start;
 
 static struct conn *conns;
@@ -450,8 +452,10 @@ static void run_epoll(void)
 				continue;
 			if ((re & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !c->rxeof)
 				rx_step(c);
-			if (!c->txshut && (((re & EPOLLOUT) && (c->events & EPOLLOUT)) || (re & (EPOLLERR | EPOLLHUP))))
-				tx_step(c);
+			if (!c->txshut && (((re & EPOLLOUT) && (c->events & EPOLLOUT)) || (re & (EPOLLERR | EPOLLHUP))) &&
+			    !tx_step(c) && (re & EPOLLOUT) && max_idle_out > 0 && ++c->idle_out > max_idle_out)
+				fail_exit(EXIT_CONN, "stream: conn %u: epoll_wait said writable %" PRIu64 " times when a write took nothing (EAGAIN): a level-triggered writer spins",
+					  c->id, c->idle_out);
 			finish_conn(c, epfd, &active);
 		}
 		progress(0);
@@ -785,7 +789,7 @@ static void usage(const char *why)
 		fprintf(stderr, "stream: %s\n", why);
 	fprintf(stderr,
 		"usage: stream [--conns K] [--bytes N] [--mode MODE] [--seed S]\n"
-		"              [--rate R] [--progress SEC] [--server-first]\n"
+		"              [--rate R] [--progress SEC] [--server-first] [--max-idle-out N]\n"
 		"              [--listen IP:PORT | --connect IP:PORT]\n"
 		"  --conns K       connections from each rank to rank 0 (default 1)\n"
 		"  --bytes N       bytes each side sends on each connection (default 1G; K/M/G suffixes)\n"
@@ -795,6 +799,8 @@ static void usage(const char *why)
 		"  --rate R        cap on the bytes/s a rank sends, over all its connections (default none)\n"
 		"  --progress SEC  progress on stderr every SEC seconds (default 1; 0: none)\n"
 		"  --server-first  the accepting side writes a greeting before reading anything\n"
+		"  --max-idle-out N  epoll: fail once a connection was reported writable N times\n"
+		"                  and a write took nothing (0, the default: no limit)\n"
 		"  --listen ADDR   be rank 0 of a two-process stream, listening on ADDR (no RADIC_PEERS)\n"
 		"  --connect ADDR  be rank 1 of a two-process stream, connecting to ADDR (no RADIC_PEERS)\n"
 		"Ranks come from RADIC_RANK, RADIC_SIZE and RADIC_PEERS (radic run). Exit status: 0 ok,\n"
@@ -916,7 +922,8 @@ int main(int argc, char **argv)
 			usage(NULL);
 		}
 		if (strcmp(a, "--conns") && strcmp(a, "--bytes") && strcmp(a, "--rate") && strcmp(a, "--seed") &&
-		    strcmp(a, "--progress") && strcmp(a, "--mode") && strcmp(a, "--listen") && strcmp(a, "--connect")) {
+		    strcmp(a, "--progress") && strcmp(a, "--mode") && strcmp(a, "--listen") && strcmp(a, "--connect") &&
+		    strcmp(a, "--max-idle-out")) {
 			fprintf(stderr, "stream: unknown flag %s\n", a);
 			usage(NULL);
 		}
@@ -956,6 +963,11 @@ int main(int argc, char **argv)
 				mode = MODE_BLOCKING;
 			else
 				usage("--mode: want poll, epoll, epoll-et, epoll-oneshot or blocking");
+		} else if (!strcmp(a, "--max-idle-out")) {
+			errno = 0;
+			max_idle_out = strtoull(v, &end, 0);
+			if (errno || *end || end == v)
+				usage("--max-idle-out: want an unsigned number");
 		} else if (!strcmp(a, "--listen")) {
 			listen_at = v;
 		} else {
