@@ -89,6 +89,11 @@ struct radic_conn {
 	 * radic_conn_swap). */
 	int pollers;
 
+	/* A non-blocking send found the retransmit ring full (atomic): epoll
+	 * registrations leave out EPOLLOUT until acknowledgements free room
+	 * (ep_room_wait in conn.c). */
+	int room_wait;
+
 	/* Replay (a restarted process, ARCHITECTURE.md "Replay"). rx_hash is
 	 * the CRC-32C of the bytes delivered, [0, recvd), kept with recovery
 	 * on, for the resume handshake's digest. rp is the log of what this
