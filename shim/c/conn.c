@@ -1913,6 +1913,7 @@ void radic_conn_fail(struct radic_conn *c, int err, int fd)
 {
 	pthread_mutex_lock(&c->eplock);
 	c->fail_err = err;
+	__atomic_store_n(&c->room_wait, 0, __ATOMIC_SEQ_CST); /* writes fail at once now */
 	int st = load_state(c);
 	if (st == RADIC_CONN_UP)
 		ep_move(c, fd, c->wake_fd); /* the socket may be silent: the wake fd is not */
@@ -1932,6 +1933,7 @@ void radic_conn_ack_all(struct radic_conn *c)
 	if (c->wire < c->sent)
 		c->wire = c->sent;
 	pthread_mutex_unlock(&c->wlock);
+	ep_room_check(c);
 }
 
 void radic_conn_set_peer_end(struct radic_conn *c, uint64_t v)
