@@ -415,12 +415,39 @@ static void run_poll(void)
 	free(idx);
 }
 
+/* ---- epoll: what the three epoll modes share ---- */
+
+static int ep_create(void)
+{
+	int epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (epfd < 0)
+		die("epoll_create1: %s", strerror(errno));
+	return epfd;
+}
+
+/* Registers connection i for want (plus flags), or changes its interest. */
+static void ep_interest(int epfd, int i, uint32_t want, uint32_t flags)
+{
+	struct conn *c = &conns[i];
+	struct epoll_event e = {.events = want | flags, .data.u32 = (uint32_t)i};
+	if (epoll_ctl(epfd, c->events == UINT32_MAX ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c->fd, &e) < 0)
+		die("epoll_ctl: %s", strerror(errno));
+	c->events = want;
+}
+
+/* Waits until wake at most; 0 on EINTR. */
+static int ep_wait(int epfd, struct epoll_event *evs, int max, double wake)
+{
+	int k = epoll_wait(epfd, evs, max, timeout_ms(wake));
+	if (k < 0 && errno != EINTR)
+		die("epoll_wait: %s", strerror(errno));
+	return k < 0 ? 0 : k;
+}
+
 static void run_epoll(void)
 {
 	struct epoll_event evs[64];
-	int epfd = epoll_create1(EPOLL_CLOEXEC), active = nconns, i;
-	if (epfd < 0)
-		die("epoll_create1: %s", strerror(errno));
+	int epfd = ep_create(), active = nconns, i;
 	while (active > 0) {
 		double wake = next_progress > 0 ? next_progress : now_s() + 3600;
 		int k;
@@ -435,16 +462,10 @@ static void run_epoll(void)
 				continue;
 			ev = wanted(c, &wake);
 			want = (ev & POLLIN ? EPOLLIN : 0) | (ev & POLLOUT ? EPOLLOUT : 0);
-			if (c->events == want)
-				continue;
-			struct epoll_event e = {.events = want, .data.u32 = (uint32_t)i};
-			if (epoll_ctl(epfd, c->events == UINT32_MAX ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c->fd, &e) < 0)
-				die("epoll_ctl: %s", strerror(errno));
-			c->events = want;
+			if (c->events != want)
+				ep_interest(epfd, i, want, 0);
 		}
-		k = epoll_wait(epfd, evs, 64, timeout_ms(wake));
-		if (k < 0 && errno != EINTR)
-			die("epoll_wait: %s", strerror(errno));
+		k = ep_wait(epfd, evs, 64, wake);
 		for (i = 0; i < k; i++) {
 			struct conn *c = &conns[evs[i].data.u32];
 			uint32_t re = evs[i].events;
@@ -494,13 +515,9 @@ static int drain_tx(struct conn *c, double *wake)
 static void run_epoll_et(void)
 {
 	struct epoll_event evs[64];
-	int epfd = epoll_create1(EPOLL_CLOEXEC), active = nconns, i;
-	if (epfd < 0)
-		die("epoll_create1: %s", strerror(errno));
+	int epfd = ep_create(), active = nconns, i;
 	for (i = 0; i < nconns; i++) {
-		struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.u32 = (uint32_t)i};
-		if (epoll_ctl(epfd, EPOLL_CTL_ADD, conns[i].fd, &e) < 0)
-			die("epoll_ctl ADD: %s", strerror(errno));
+		ep_interest(epfd, i, EPOLLIN | EPOLLOUT, EPOLLET);
 		conns[i].rxready = conns[i].txready = 1;
 	}
 	while (active > 0) {
@@ -518,9 +535,7 @@ static void run_epoll_et(void)
 		}
 		if (active == 0)
 			break;
-		k = epoll_wait(epfd, evs, 64, timeout_ms(wake));
-		if (k < 0 && errno != EINTR)
-			die("epoll_wait: %s", strerror(errno));
+		k = ep_wait(epfd, evs, 64, wake);
 		for (i = 0; i < k; i++) {
 			struct conn *c = &conns[evs[i].data.u32];
 			uint32_t re = evs[i].events;
@@ -538,15 +553,13 @@ static void run_epoll_et(void)
  * (EPOLL_CTL_MOD); each report is served as an edge is (until EAGAIN). A
  * connection re-arms only after one more epoll_wait has gone by, so
  * registrations sit disarmed much of the time, and a report for one is an
- * error: whatever lies under
- * the program (a preloaded library moving registrations across a
- * reconnection or a replay, say) must not re-arm them behind its back. */
+ * error: whatever lies under the program (a preloaded library moving
+ * registrations across a reconnection or a replay, say) must not re-arm
+ * them behind its back. */
 static void run_epoll_oneshot(void)
 {
 	struct epoll_event evs[64];
-	int epfd = epoll_create1(EPOLL_CLOEXEC), active = nconns, i;
-	if (epfd < 0)
-		die("epoll_create1: %s", strerror(errno));
+	int epfd = ep_create(), active = nconns, i;
 	while (active > 0) {
 		double wake = next_progress > 0 ? next_progress : now_s() + 3600;
 		int k, cooling = 0;
@@ -565,10 +578,7 @@ static void run_epoll_oneshot(void)
 			}
 			if (c->armed && c->events == want)
 				continue;
-			struct epoll_event e = {.events = want | EPOLLONESHOT, .data.u32 = (uint32_t)i};
-			if (epoll_ctl(epfd, c->events == UINT32_MAX ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c->fd, &e) < 0)
-				die("epoll_ctl: %s", strerror(errno));
-			c->events = want;
+			ep_interest(epfd, i, want, EPOLLONESHOT);
 			c->armed = 1;
 		}
 		/* A wait with connections cooling only looks, or, when the
@@ -576,9 +586,7 @@ static void run_epoll_oneshot(void)
 		 * registrations then sit disarmed most of the time. */
 		if (cooling)
 			wake = rate > 0 ? now_s() + 0.001 : 0;
-		k = epoll_wait(epfd, evs, 64, timeout_ms(wake));
-		if (k < 0 && errno != EINTR)
-			die("epoll_wait: %s", strerror(errno));
+		k = ep_wait(epfd, evs, 64, wake);
 		for (i = 0; i < nconns; i++)
 			if (conns[i].cooldown > 0)
 				conns[i].cooldown--;
