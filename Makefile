@@ -73,13 +73,18 @@ deps:
 # under test/, which use the artifacts built above, one package at a time:
 # they start real daemons, clusters and MPI jobs, and timing-sensitive ones
 # (failure detection, MPI on 2 cores) must not compete with each other.
+# Then the ring and recovery tests of radicd again with the daemons on the
+# emulated Blue Gene torus (radicd --fabric bg; the suite above runs them
+# on the default, ip).
 TEST_TIMEOUT ?= 40m
+BG_TESTS ?= TestKillDetection|TestLongFreezeDetected|TestShortFreezeNoFalsePositive|TestShortCutNoFalsePositive|TestCutLinkSavedByIndirectProbes|TestIsolatedNodeFencesItsJob|TestQuickRestartIsDetected|TestReaddress|TestSimultaneousReaddress|TestRestartLostRank|TestFenceIsNotACrash|TestReplayStream$$|TestRecoveryCampaign
 test: deps all lib/libradic-broken.so
 	@mkdir -p build
 	set -o pipefail; { \
 	  $(GO) test -shuffle=on -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v '/test/'); unit=$$?; \
 	  $(GO) test -p 1 -shuffle=on -timeout $(TEST_TIMEOUT) ./test/...; system=$$?; \
-	  [ $$unit = 0 ] && [ $$system = 0 ]; \
+	  RADIC_TEST_FABRIC=bg $(GO) test -shuffle=on -timeout $(TEST_TIMEOUT) -run '$(BG_TESTS)' ./test/radicd; bg=$$?; \
+	  [ $$unit = 0 ] && [ $$system = 0 ] && [ $$bg = 0 ]; \
 	} 2>&1 | tee build/test.log
 
 bench: deps all

@@ -19,7 +19,10 @@ local bulkops = { [1] = "get", [2] = "nak", [3] = "ack", [4] = "cancel", [5] = "
 
 -- Torus: 16-byte header, up to 240 bytes of payload.
 local torus = Proto("radic_torus", "radic BG torus")
-torus.fields.proto = ProtoField.uint8("radic_torus.proto", "Protocol", base.DEC, protos)
+torus.fields.proto = ProtoField.uint8("radic_torus.proto", "Protocol", base.DEC, protos, 0x0f)
+-- The route nibble: 0 dimension order; 8 (alt) plus one bit per dimension
+-- going minus (1 x, 2 y, 4 z) for the alternate route.
+torus.fields.route = ProtoField.uint8("radic_torus.route", "Route", base.HEX, nil, 0xf0)
 torus.fields.hops = ProtoField.uint8("radic_torus.hops", "Hops")
 torus.fields.len = ProtoField.uint8("radic_torus.len", "Payload length")
 torus.fields.src = ProtoField.string("radic_torus.src", "Source")
@@ -136,10 +139,42 @@ local function dissect_deltat(tvb, pinfo, root)
   end
 end
 
+-- Heartbeat ring datagrams (heartbeat/wire.go): 55-byte header, then
+-- 14 bytes per membership entry.
+local hbtypes = { [1] = "heartbeat", [2] = "probe", [3] = "probe-ack", [4] = "probe-req", [5] = "probe-resp", [6] = "notice" }
+local hb = Proto("radic_hb", "radic heartbeat ring")
+hb.fields.type = ProtoField.uint8("radic_hb.type", "Type", base.DEC, hbtypes)
+hb.fields.from = ProtoField.uint32("radic_hb.from", "From node")
+hb.fields.to = ProtoField.uint32("radic_hb.to", "To node")
+hb.fields.inc = ProtoField.uint64("radic_hb.inc", "Sender incarnation")
+hb.fields.seq = ProtoField.uint64("radic_hb.seq", "Sequence")
+hb.fields.target = ProtoField.uint32("radic_hb.target", "Target node")
+hb.fields.origin = ProtoField.uint32("radic_hb.origin", "Origin node")
+hb.fields.nonce = ProtoField.uint64("radic_hb.nonce", "Nonce")
+hb.fields.flags = ProtoField.uint8("radic_hb.flags", "Flags", base.HEX)
+hb.fields.view = ProtoField.uint16("radic_hb.view", "Membership entries")
+
+local function dissect_heartbeat(tvb, pinfo, root)
+  if tvb:len() < 55 or tvb(0, 2):string() ~= "RH" then return end
+  local t = root:add(hb, tvb(0, 55))
+  t:add(hb.fields.type, tvb(3, 1))
+  t:add(hb.fields.from, tvb(4, 4))
+  t:add(hb.fields.to, tvb(8, 4))
+  t:add(hb.fields.inc, tvb(12, 8))
+  t:add(hb.fields.seq, tvb(20, 8))
+  t:add(hb.fields.target, tvb(28, 4))
+  t:add(hb.fields.origin, tvb(40, 4))
+  t:add(hb.fields.nonce, tvb(44, 8))
+  t:add(hb.fields.flags, tvb(52, 1))
+  t:add(hb.fields.view, tvb(53, 2))
+  pinfo.cols.info:append(string.format(" %s %d -> %d", hbtypes[tvb(3, 1):uint()] or "?", tvb(4, 4):uint(), tvb(8, 4):uint()))
+end
+
 local function dissect_torus(tvb, pinfo, root)
   local t = root:add(torus, tvb(0, 16))
-  local proto = tvb(1, 1):uint()
+  local proto = bit32.band(tvb(1, 1):uint(), 0x0f)
   t:add(torus.fields.proto, tvb(1, 1))
+  t:add(torus.fields.route, tvb(1, 1))
   t:add(torus.fields.hops, tvb(2, 1))
   t:add(torus.fields.len, tvb(3, 1))
   t:add(torus.fields.src, tvb(4, 6), coord(tvb, 4))
@@ -162,6 +197,8 @@ local function dissect_torus(tvb, pinfo, root)
     dissect_deltat(p, pinfo, root)
   elseif proto == 3 then
     dissect_bulkdata(p, pinfo, root)
+  elseif proto == 4 then
+    dissect_heartbeat(p, pinfo, root)
   end
 end
 

@@ -170,6 +170,16 @@ var (
 	ErrBadMessage = errors.New("heartbeat: malformed message")
 )
 
+// TypeOf is the kind of an encoded datagram, read without decoding it
+// (a transport that treats heartbeats and probes differently); ok is
+// false for bytes that are not one.
+func TypeOf(b []byte) (t MsgType, ok bool) {
+	if len(b) < 4 || b[0] != 'R' || b[1] != 'H' {
+		return 0, false
+	}
+	return MsgType(b[3]), true
+}
+
 // Length is the encoded size of m.
 func (m *Message) Length() int { return headerLen + len(m.View)*entryLen }
 

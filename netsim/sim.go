@@ -255,7 +255,7 @@ func (s *Sim) hop(at NodeID, pkt []byte) {
 	sh := s.cfg.Shape
 	dst := Coord{uint16(pkt[10])<<8 | uint16(pkt[11]), uint16(pkt[12])<<8 | uint16(pkt[13]), uint16(pkt[14])<<8 | uint16(pkt[15])}
 	here := sh.Coord(at)
-	d, ok := sh.NextHop(here, dst)
+	d, ok := sh.NextHopRoute(here, dst, Route(pkt[1]>>4))
 	if !ok {
 		s.Stats.Delivered++
 		if h := s.handlers[at]; h != nil {

@@ -149,3 +149,53 @@ func (s Shape) Hops(a, b Coord) int {
 	_, z := axis(a.Z, b.Z, s.Z)
 	return x + y + z
 }
+
+// Route is how a torus packet is routed (the high nibble of the header's
+// second byte). Zero is dimension order. With RouteAlt set, the packet
+// takes the alternate route: Z, then Y, then X, each dimension the way
+// its bit names (set: minus), fixed by the sender (AltRoute) so that
+// every hop agrees. The alternate route goes the other way round every
+// ring the dimension-order route crosses, so the two share no link on a
+// ring and few on a torus: a packet sent both ways survives one cut link
+// or dead node on either path, which is what the failure detector's
+// probes need (a probe exists to find a path the heartbeats did not).
+type Route uint8
+
+// Route bits.
+const (
+	RouteXMinus Route = 1 << iota
+	RouteYMinus
+	RouteZMinus
+	RouteAlt
+)
+
+// AltRoute is the alternate route from src to dst: in every dimension the
+// two differ, the opposite way round from the dimension-order route.
+func (s Shape) AltRoute(src, dst Coord) Route {
+	r := RouteAlt
+	for i, n := range [3]int{s.X, s.Y, s.Z} {
+		a, b := [3]uint16{src.X, src.Y, src.Z}[i], [3]uint16{dst.X, dst.Y, dst.Z}[i]
+		if plus, hops := axis(a, b, n); hops > 0 && plus {
+			r |= RouteXMinus << i
+		}
+	}
+	return r
+}
+
+// NextHopRoute is the link a packet at `at` with route r takes towards
+// dst: NextHop for dimension order, else the alternate route's link.
+func (s Shape) NextHopRoute(at, dst Coord, r Route) (d Dir, ok bool) {
+	if r&RouteAlt == 0 {
+		return s.NextHop(at, dst)
+	}
+	if at.Z != dst.Z {
+		return pick(r&RouteZMinus == 0, ZPlus), true
+	}
+	if at.Y != dst.Y {
+		return pick(r&RouteYMinus == 0, YPlus), true
+	}
+	if at.X != dst.X {
+		return pick(r&RouteXMinus == 0, XPlus), true
+	}
+	return 0, false
+}

@@ -66,14 +66,15 @@ var (
 // TorusHeader is a torus packet header. Wire format (big endian):
 //
 //	 0  magic 'T'   1
-//	 1  proto       1
+//	 1  route:4 proto:4   the route (high nibble, Route) and the proto
 //	 2  hops        1   links crossed so far
 //	 3  length      1   payload bytes, 0..240
 //	 4  src x,y,z   2 each
 //	10  dst x,y,z   2 each
 //	16  payload
 type TorusHeader struct {
-	Proto  Proto
+	Proto  Proto // 0..15
+	Route  Route // 0: dimension order
 	Hops   uint8
 	Length uint8
 	Src    Coord
@@ -87,7 +88,7 @@ func AppendTorus(b []byte, h TorusHeader, payload []byte) []byte {
 	if len(payload) > TorusPayload {
 		panic(fmt.Sprintf("netsim: %d-byte torus payload", len(payload)))
 	}
-	b = append(b, torusMagic, byte(h.Proto), h.Hops, byte(len(payload)))
+	b = append(b, torusMagic, byte(h.Route)<<4|byte(h.Proto)&0x0f, h.Hops, byte(len(payload)))
 	for _, v := range []uint16{h.Src.X, h.Src.Y, h.Src.Z, h.Dst.X, h.Dst.Y, h.Dst.Z} {
 		b = binary.BigEndian.AppendUint16(b, v)
 	}
@@ -105,7 +106,7 @@ func DecodeTorus(b []byte) (h TorusHeader, payload []byte, err error) {
 	if b[0] != torusMagic {
 		return h, nil, ErrBadMagic
 	}
-	h.Proto, h.Hops, h.Length = Proto(b[1]), b[2], b[3]
+	h.Proto, h.Route, h.Hops, h.Length = Proto(b[1]&0x0f), Route(b[1]>>4), b[2], b[3]
 	h.Src = Coord{binary.BigEndian.Uint16(b[4:]), binary.BigEndian.Uint16(b[6:]), binary.BigEndian.Uint16(b[8:])}
 	h.Dst = Coord{binary.BigEndian.Uint16(b[10:]), binary.BigEndian.Uint16(b[12:]), binary.BigEndian.Uint16(b[14:])}
 	if int(h.Length) > TorusPayload {

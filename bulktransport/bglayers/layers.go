@@ -12,6 +12,7 @@
 //	BG ─┬─ Torus ─┬─ proto deltat ─ DeltaT ─(first segment)─ TransportMsg ─┬─ BulkControl
 //	    │         │                                                       └─ payload
 //	    │         ├─ proto bulk ─── BulkData (rget, data, rnak)
+//	    │         ├─ proto heartbeat ─ Heartbeat (the ring's datagrams)
 //	    │         └─ proto frag ─── Frag ─ payload
 //	    └─ Tree ─ payload
 package bglayers
@@ -27,6 +28,7 @@ import (
 	"github.com/radic-project/radic/bulktransport/bulk"
 	"github.com/radic-project/radic/bulktransport/deltat"
 	"github.com/radic-project/radic/bulktransport/frag"
+	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/netsim"
 )
 
@@ -43,6 +45,7 @@ var (
 	LayerTypeTransportMsg = gopacket.RegisterLayerType(7405, gopacket.LayerTypeMetadata{Name: "TransportMsg", Decoder: gopacket.DecodeFunc(decodeTransportMsg)})
 	LayerTypeBulkControl  = gopacket.RegisterLayerType(7406, gopacket.LayerTypeMetadata{Name: "BulkControl", Decoder: gopacket.DecodeFunc(decodeBulkControl)})
 	LayerTypeBulkData     = gopacket.RegisterLayerType(7407, gopacket.LayerTypeMetadata{Name: "BulkData", Decoder: gopacket.DecodeFunc(decodeBulkData)})
+	LayerTypeHeartbeat    = gopacket.RegisterLayerType(7408, gopacket.LayerTypeMetadata{Name: "Heartbeat", Decoder: gopacket.DecodeFunc(decodeHeartbeat)})
 )
 
 // decodeBG picks the torus or collective decoder by the magic byte.
@@ -95,6 +98,8 @@ func (l *Torus) NextLayerType() gopacket.LayerType {
 		return LayerTypeBulkData
 	case netsim.ProtoFrag:
 		return LayerTypeFrag
+	case netsim.ProtoHeartbeat:
+		return LayerTypeHeartbeat
 	}
 	return gopacket.LayerTypePayload
 }
@@ -184,6 +189,41 @@ func (l *Frag) SerializeTo(b gopacket.SerializeBuffer, _ gopacket.SerializeOptio
 	binary.BigEndian.PutUint16(h, l.MsgID)
 	binary.BigEndian.PutUint16(h[2:], l.Index)
 	binary.BigEndian.PutUint32(h[4:], l.Total)
+	return nil
+}
+
+// Heartbeat is one heartbeat-ring datagram (heartbeat.Message: a
+// heartbeat, a probe or its answer, a notice), the whole torus payload.
+type Heartbeat struct {
+	layers.BaseLayer
+	heartbeat.Message
+}
+
+func (l *Heartbeat) LayerType() gopacket.LayerType             { return LayerTypeHeartbeat }
+func (l *Heartbeat) CanDecode() gopacket.LayerClass            { return LayerTypeHeartbeat }
+func (l *Heartbeat) NextLayerType() gopacket.LayerType         { return gopacket.LayerTypeZero }
+func decodeHeartbeat(d []byte, p gopacket.PacketBuilder) error { return decode(&Heartbeat{}, d, p) }
+
+// DecodeFromBytes decodes with heartbeat.Decode.
+func (l *Heartbeat) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error {
+	m, err := heartbeat.Decode(data)
+	if err != nil {
+		df.SetTruncated()
+		return err
+	}
+	l.Message = m
+	l.BaseLayer = layers.BaseLayer{Contents: data}
+	return nil
+}
+
+// SerializeTo prepends the encoded message.
+func (l *Heartbeat) SerializeTo(b gopacket.SerializeBuffer, _ gopacket.SerializeOptions) error {
+	enc := l.Append(nil)
+	h, err := b.PrependBytes(len(enc))
+	if err != nil {
+		return err
+	}
+	copy(h, enc)
 	return nil
 }
 

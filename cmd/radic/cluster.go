@@ -64,6 +64,7 @@ func clusterUp(args []string) error {
 	fs.StringVar(&o.Subnet, "subnet", "", "node addresses, an IPv4 /16 (default "+cluster.DefaultNetnsSubnet+", loopback "+cluster.DefaultLoopbackSubnet+")")
 	noDaemons := fs.Bool("no-daemons", false, "do not start radicd on the nodes")
 	fs.BoolVar(&o.FenceKill, "fence-kill", false, "radicd kills the job of a node cut off from the ring, so that recovery (radic run --recovery) may restart its ranks elsewhere (off: a lost node's ranks are not restarted, as a frozen node's could wake and run twice)")
+	fs.StringVar(&o.Fabric, "fabric", "", "the daemons' network, radicd --fabric: bg (the emulated Blue Gene torus) or ip (default: radicd's)")
 	fs.StringVar(&o.Radicd, "radicd", "", "radicd `binary` (default $RADIC_RADICD or next to radic)")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 10*time.Second, "how long each radicd has to send READY=1")
 	if err := fs.Parse(args); err != nil {

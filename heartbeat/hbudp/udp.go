@@ -140,12 +140,13 @@ func (t *Transport) Beacon(ifindex int, until time.Time) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.beacon = beacon{pktinfo: pktinfo(ifindex), until: until}
+	t.beacon = beacon{pktinfo: PktinfoOOB(ifindex), until: until}
 	return nil
 }
 
-// pktinfo is an IP_PKTINFO control message that sends by interface ifindex.
-func pktinfo(ifindex int) []byte {
+// PktinfoOOB is an IP_PKTINFO control message that sends by interface
+// ifindex (the torus fabric's beacon uses it too).
+func PktinfoOOB(ifindex int) []byte {
 	b := make([]byte, syscall.CmsgSpace(syscall.SizeofInet4Pktinfo))
 	h := (*syscall.Cmsghdr)(unsafe.Pointer(&b[0]))
 	h.Level = syscall.IPPROTO_IP

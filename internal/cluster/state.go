@@ -44,6 +44,7 @@ type State struct {
 	Cgroup    string    `json:"cgroup,omitempty"`    // the cluster's cgroup directory
 	Daemons   bool      `json:"daemons"`             // radicd runs on every node
 	FenceKill bool      `json:"fence_kill"`          // radicd kills a cut-off node's job
+	Fabric    string    `json:"fabric,omitempty"`    // radicd --fabric; "": radicd's default
 	Phase     string    `json:"phase"`               // "creating", "up"
 	Created   time.Time `json:"created"`
 

@@ -40,6 +40,7 @@ type UpOptions struct {
 	Subnet       string        // a /16; "" = the mode's default
 	Daemons      bool          // start radicd on every node
 	FenceKill    bool          // radicd kills the job of a node cut off from the ring
+	Fabric       string        // radicd --fabric (bg or ip); "" = radicd's default
 	Radicd       string        // radicd binary; "" = next to this executable or $RADIC_RADICD
 	ReadyTimeout time.Duration // how long to wait for READY=1 from each radicd
 	Logf         func(format string, args ...any)
@@ -143,6 +144,9 @@ func Up(o UpOptions) (*State, error) {
 	if !nameRE.MatchString(o.Name) {
 		return nil, fmt.Errorf("--name %q: want 1-8 lowercase letters and digits, starting with a letter (it prefixes interface names, which are limited to 15 bytes)", o.Name)
 	}
+	if o.Fabric != "" && o.Fabric != "bg" && o.Fabric != "ip" {
+		return nil, fmt.Errorf("--fabric %q: want bg or ip", o.Fabric)
+	}
 	if o.Nodes < 1 || o.Spares < 0 || o.Nodes+o.Spares > MaxNodes {
 		return nil, fmt.Errorf("--nodes %d --spares %d: want 1 <= nodes and nodes+spares <= %d", o.Nodes, o.Spares, MaxNodes)
 	}
@@ -192,7 +196,7 @@ func Up(o UpOptions) (*State, error) {
 
 	s := &State{
 		Version: 1, Name: o.Name, Mode: o.Mode, Dir: dir, Subnet: subnet.String(),
-		Daemons: o.Daemons, FenceKill: o.FenceKill, Phase: "creating", Created: time.Now().UTC(), NextJob: 1, NextFault: 1,
+		Daemons: o.Daemons, FenceKill: o.FenceKill, Fabric: o.Fabric, Phase: "creating", Created: time.Now().UTC(), NextJob: 1, NextFault: 1,
 	}
 	base := subnet.Addr()
 	var cgMount string
@@ -403,6 +407,9 @@ func RadicdArgs(s *State, n *Node) []string {
 	}
 	if n.Spare {
 		args = append(args, "--spare")
+	}
+	if s.Fabric != "" {
+		args = append(args, "--fabric", s.Fabric)
 	}
 	args = append(args, "--state-dir", n.StateDir, "--metrics-addr", n.MetricsAddr)
 	if n.JobCg != "" {

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/internal/fabric"
 	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/netsim"
 )
 
 // Config is every radicd setting. Each field is a flag and a config-file
@@ -43,6 +45,9 @@ type Config struct {
 	StoreMemory int64                               // --store-memory
 	LogLevel    string                              // --log-level
 	LogFormat   string                              // --log-format
+	Fabric      string                              // --fabric: bg or ip
+	Torus       netsim.Shape                        // --torus (zero: a ring of all nodes)
+	Pcap        string                              // --pcap
 	peerOrder   []heartbeat.NodeID
 }
 
@@ -161,6 +166,19 @@ var settings = []setting{
 		}
 		return fmt.Errorf("want debug, info, warn or error, not %q", v)
 	}},
+	{name: "fabric", usage: "the network radicd's heartbeats and probes travel on: bg (the emulated Blue Gene torus over UDP, every radicd a torus node forwarding for the others: bulktransport/PROTOCOL.md) or ip (plain UDP datagrams straight to each peer)", set: func(c *Config, v string) error {
+		if v != "bg" && v != "ip" {
+			return fmt.Errorf("want bg or ip, not %q", v)
+		}
+		c.Fabric = v
+		return nil
+	}},
+	{name: "torus", usage: "with --fabric bg, the torus `XxYxZ` (like 4x2x1); nodes take their places in id order, X fastest, and the product must be the number of --peers; default: a ring of all the nodes (Nx1x1), so that heartbeat neighbours are torus neighbours", set: func(c *Config, v string) error {
+		sh, err := fabric.ParseShape(v)
+		c.Torus = sh
+		return err
+	}},
+	{name: "pcap", usage: "with --fabric bg, write every torus packet this node sends, receives and forwards to pcap `FILE` (decoded by deploy/radic-bg.lua in Wireshark or tshark)", set: func(c *Config, v string) error { c.Pcap = v; return nil }},
 	{name: "log-format", usage: "text or json (slog handlers, on stderr)", set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
 			return fmt.Errorf("want text or json, not %q", v)
@@ -198,7 +216,7 @@ func defaultConfig() Config {
 	return Config{
 		Node: -1, Period: hb.Period, Timeout: hb.Timeout, Probe: hb.ProbeTimeout,
 		Probers: hb.Probers, Protectors: hb.Protectors, StoreSync: msglog.SyncAlways,
-		StoreMemory: 64 << 20, LogLevel: "info", LogFormat: "text", FenceKill: true,
+		StoreMemory: 64 << 20, LogLevel: "info", LogFormat: "text", FenceKill: true, Fabric: "ip",
 	}
 }
 
@@ -305,6 +323,8 @@ func defaultNote(name string) string {
 		return " (default info)"
 	case "log-format":
 		return " (default text)"
+	case "fabric":
+		return " (default ip)"
 	}
 	return ""
 }
@@ -392,6 +412,12 @@ func (c *Config) validate() error {
 	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is required"))
+	}
+	if c.Fabric != "bg" && (c.Torus != (netsim.Shape{}) || c.Pcap != "") {
+		errs = append(errs, errors.New("--torus and --pcap need --fabric bg"))
+	}
+	if c.Torus != (netsim.Shape{}) && len(c.Peers) > 0 && c.Torus.Nodes() != len(c.Peers) {
+		errs = append(errs, fmt.Errorf("--torus %dx%dx%d has %d nodes, but --peers names %d", c.Torus.X, c.Torus.Y, c.Torus.Z, c.Torus.Nodes(), len(c.Peers)))
 	}
 	if _, err := c.metricsBind(); err != nil {
 		errs = append(errs, err)

@@ -86,6 +86,10 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"--store-sync", "sometimes"}, "sometimes"},
 		{[]string{"--node", "0", "--listen", "1.2.3.4:5", "--peers", "0=1.2.3.4:5", "--state-dir", "/d", "--fence-timeout", "2s"}, "fence timeout"},
 		{[]string{"--node", "0", "extra"}, "unexpected argument"},
+		{[]string{"--fabric", "torus"}, `want bg or ip, not "torus"`},
+		{[]string{"--torus", "4x4"}, "want XxYxZ"},
+		{append(slices.Clone(clusterArgs), "--torus", "3x1x1"), "--torus and --pcap need --fabric bg"},
+		{append(slices.Clone(clusterArgs), "--fabric", "bg", "--torus", "2x2x1"), "--torus 2x2x1 has 4 nodes, but --peers names 3"},
 	} {
 		_, err := ParseArgs(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

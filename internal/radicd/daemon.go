@@ -23,6 +23,7 @@ import (
 
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/heartbeat/hbudp"
+	"github.com/radic-project/radic/internal/fabric"
 	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/protector"
@@ -56,7 +57,10 @@ type Daemon struct {
 	writersMu   sync.Mutex
 	// +checklocks:writersMu
 	writers map[heartbeat.NodeID]*logWriter // protected nodes' log streams (repl.go)
-	hb      *hbudp.Transport
+	hb      *hbudp.Transport                // --fabric ip
+	fab     *fabric.Fabric                  // --fabric bg
+	// pcapFile is --pcap's trace, closed after the fabric.
+	pcapFile *os.File
 	// beaconIf is the index of the interface this node's address is on,
 	// when radicd follows it (0: it does not).
 	beaconIf atomic.Int32
@@ -83,12 +87,64 @@ type Daemon struct {
 // now (package hbudp's doc).
 func (d *Daemon) beacon() {
 	i := d.beaconIf.Load()
-	if i == 0 || d.hb == nil {
+	if i == 0 {
 		return
 	}
-	if err := d.hb.Beacon(int(i), time.Now().Add(announceFor)); err != nil {
+	var err error
+	switch {
+	case d.hb != nil:
+		err = d.hb.Beacon(int(i), time.Now().Add(announceFor))
+	case d.fab != nil:
+		err = d.fab.Beacon(int(i), time.Now().Add(announceFor))
+	}
+	if err != nil {
 		d.log.Warn("cannot broadcast this node's heartbeats after its move: a peer that moved at the same time may not find it", "err", err)
 	}
+}
+
+// heartbeatTransport is where the ring's datagrams go: UDP straight to
+// each peer (--fabric ip) or the emulated torus (--fabric bg).
+type heartbeatTransport interface {
+	heartbeat.Transport
+	SetPeer(heartbeat.NodeID, netip.AddrPort)
+	OnNewSource(func(heartbeat.NodeID, netip.AddrPort))
+}
+
+// listenHeartbeats opens the ring's transport on bind. Heartbeats follow
+// a node that moves; one whose heartbeats come from a new address is
+// asked where it is.
+func (d *Daemon) listenHeartbeats(bind netip.AddrPort, peers map[heartbeat.NodeID]netip.AddrPort) (heartbeatTransport, error) {
+	var tr heartbeatTransport
+	if d.cfg.Fabric == "bg" {
+		fcfg := fabric.Config{Shape: d.cfg.Torus, Self: d.self, Bind: bind, Peers: peers, Logger: d.log}
+		var pcap *os.File
+		if d.cfg.Pcap != "" {
+			var err error
+			if pcap, err = os.Create(d.cfg.Pcap); err != nil {
+				return nil, fmt.Errorf("--pcap: %w", err)
+			}
+			fcfg.Pcap = pcap
+		}
+		f, err := fabric.Listen(fcfg)
+		if err != nil {
+			if pcap != nil {
+				pcap.Close()
+			}
+			return nil, err
+		}
+		d.fab, d.pcapFile = f, pcap
+		tr = f
+	} else {
+		h, err := hbudp.Listen(bind, peers)
+		if err != nil {
+			return nil, err
+		}
+		d.hb = h
+		tr = h
+	}
+	d.loc.setPeer = func(id int, a netip.AddrPort) { tr.SetPeer(heartbeat.NodeID(id), a) }
+	tr.OnNewSource(d.loc.noteSource)
+	return tr, nil
 }
 
 // FenceReport says what the last self-fencing did.
@@ -203,15 +259,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		peers[id] = a
 	}
 	bind := d.cfg.bindAddr()
-	tr, err := hbudp.Listen(bind, peers)
+	tr, err := d.listenHeartbeats(bind, peers)
 	if err != nil {
 		return err
 	}
-	// Heartbeats follow a node that moves; one whose heartbeats come from
-	// a new address is asked where it is.
-	d.loc.setPeer = func(id int, a netip.AddrPort) { tr.SetPeer(heartbeat.NodeID(id), a) }
-	tr.OnNewSource(d.loc.noteSource)
-	d.hb = tr
 	d.loc.selfMoved = d.beacon
 	d.loc.dead = d.declaredDead
 	d.runner, err = heartbeat.NewRunner(heartbeat.RunnerConfig{
@@ -319,7 +370,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 
 	d.log.Info("radicd serving", "incarnation", d.inc, "listen", d.cfg.Listen.String(), "bind", bind.String(),
-		"metrics", d.cfg.MetricsAddr, "peers", len(d.cfg.Peers), "spare", d.cfg.Spare,
+		"metrics", d.cfg.MetricsAddr, "fabric", d.cfg.Fabric, "peers", len(d.cfg.Peers), "spare", d.cfg.Spare,
 		"protectors", d.cfg.Protectors, "job_cgroup", d.cfg.JobCgroup, "pid", os.Getpid())
 	if err := d.notify.Notify(fmt.Sprintf("READY=1\nSTATUS=serving node %d incarnation %d\nMAINPID=%d", d.cfg.Node, d.inc, os.Getpid())); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
@@ -348,6 +399,12 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	if e := <-runErr; err == nil {
 		err = e
+	}
+	if d.pcapFile != nil {
+		// The runner closed the fabric, which flushed the trace.
+		if cerr := d.pcapFile.Close(); cerr != nil {
+			d.log.Warn("closing the pcap trace", "file", d.cfg.Pcap, "err", cerr)
+		}
 	}
 	return err
 }
@@ -400,6 +457,10 @@ func (d *Daemon) declaredDead(id int) bool {
 
 func (d *Daemon) onEvent(e heartbeat.Event) {
 	switch e.Kind {
+	case heartbeat.EventDeclared, heartbeat.EventJoined:
+		if d.fab != nil {
+			d.fab.SetDown(e.Node, e.Kind == heartbeat.EventDeclared)
+		}
 	case heartbeat.EventFence:
 		if d.rec != nil {
 			// Before the kill: the machine takes its inputs in order, so

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/radic-project/radic/netsim"
@@ -29,7 +30,16 @@ type Config struct {
 	// and collective deliveries), on the node's receive goroutine; it owns
 	// pkt.
 	Handler netsim.Handler
-	Logf    func(format string, args ...any)
+	// Trace, if set, sees every datagram this node reads or writes
+	// (packets it sends, receives and forwards, as on its wire: a
+	// forwarded packet twice), on the goroutine moving it; it must not
+	// keep pkt. radicd --pcap writes them to a trace.
+	Trace func(at time.Time, pkt []byte)
+	// OnNewSource, if set, is told when a torus neighbour's own packet
+	// (one link crossed) comes from an address other than the one the
+	// node sends to: the neighbour moved. It must not block.
+	OnNewSource func(id netsim.NodeID, from netip.AddrPort)
+	Logf        func(format string, args ...any)
 }
 
 // Stats count the node's traffic; read them from any goroutine.
@@ -37,7 +47,12 @@ type Stats struct {
 	Sent, Received, Forwarded, Delivered atomic.Uint64
 	LinkDownDrops, NoRoute, Malformed    atomic.Uint64
 	TreeSent, TreeDelivered              atomic.Uint64
+	Beacons                              atomic.Uint64 // beacon copies heard
 }
+
+// limitedBroadcast is 255.255.255.255: it needs no route and no broadcast
+// address on the interface, only the interface to leave by.
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
 // Node is one torus node on UDP.
 type Node struct {
@@ -55,6 +70,12 @@ type Node struct {
 	down [netsim.NumDirs]bool
 	// +checklocks:mu
 	sw *netsim.Switch
+	// +checklocks:mu
+	router *netsim.Detour
+	// +checklocks:mu
+	beaconOOB []byte // IP_PKTINFO naming the beacon's interface
+	// +checklocks:mu
+	beaconUntil time.Time
 
 	done chan struct{}
 }
@@ -79,7 +100,7 @@ func Listen(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("listen udp %s: %w", cfg.Listen, err)
 	}
 	n := &Node{cfg: cfg, conn: conn, here: cfg.Shape.Coord(cfg.Self), done: make(chan struct{}),
-		sw: netsim.NewSwitch(netsim.Tree{N: cfg.Shape.Nodes()}, cfg.Self)}
+		sw: netsim.NewSwitch(netsim.Tree{N: cfg.Shape.Nodes()}, cfg.Self), router: netsim.NewDetour(cfg.Shape)}
 	go n.routineReceive()
 	return n, nil
 }
@@ -98,6 +119,56 @@ func (n *Node) SetPeers(addrs map[netsim.NodeID]netip.AddrPort) {
 		n.addrs[id] = a
 		n.byAddr[a] = id
 	}
+}
+
+// SetPeer sets (or changes) the address of one node: it moved.
+func (n *Node) SetPeer(id netsim.NodeID, addr netip.AddrPort) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.addrs == nil {
+		n.addrs, n.byAddr = map[netsim.NodeID]netip.AddrPort{}, map[netip.AddrPort]netsim.NodeID{}
+	}
+	if old, ok := n.addrs[id]; ok && n.byAddr[old] == id {
+		delete(n.byAddr, old)
+	}
+	n.addrs[id] = addr
+	n.byAddr[addr] = id
+}
+
+// SetNodeDown tells the router that node id is down (routes go round it:
+// netsim.Detour) or up again.
+func (n *Node) SetNodeDown(id netsim.NodeID, down bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.router.SetDown(id, down)
+}
+
+// Beacon makes every torus packet this node sends before until also go
+// out of the interface that oob (an IP_PKTINFO control message) names, to
+// the limited broadcast address at the next hop's port, with hops 0. A
+// node whose address changed while its neighbours' changed too cannot
+// reach them at any address it knows, nor they it; the beacon needs no
+// address. Receivers take a packet with hops 0 only as news of where its
+// source is (Config.OnNewSource), never deliver or forward it. A later
+// call replaces an earlier one; until in the past ends the beacon.
+func (n *Node) Beacon(oob []byte, until time.Time) error {
+	rc, err := n.conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("udplink beacon: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1)
+	}); err != nil {
+		return fmt.Errorf("udplink beacon: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("udplink beacon: SO_BROADCAST: %w", serr)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.beaconOOB, n.beaconUntil = oob, until
+	return nil
 }
 
 // SetLink takes this node's link d down (packets routed over it are
@@ -126,7 +197,7 @@ func (n *Node) Send(pkt []byte) error {
 		return fmt.Errorf("%w: %v -> %v sent from %v", netsim.ErrBadPacket, h.Src, h.Dst, n.here)
 	}
 	n.Stats.Sent.Add(1)
-	return n.route(h.Dst, pkt)
+	return n.route(h.Dst, h.Route, pkt)
 }
 
 // SendTorus builds and sends a packet to dst.
@@ -134,9 +205,22 @@ func (n *Node) SendTorus(dst netsim.NodeID, proto netsim.Proto, payload []byte) 
 	return n.Send(netsim.AppendTorus(nil, netsim.TorusHeader{Proto: proto, Src: n.here, Dst: n.cfg.Shape.Coord(dst)}, payload))
 }
 
+// SendTorusBothWays sends the packet on the dimension-order route and a
+// copy on the alternate one (netsim.Route): one cut link or dead node on
+// either path does not stop it. The receiver may get it twice.
+func (n *Node) SendTorusBothWays(dst netsim.NodeID, proto netsim.Proto, payload []byte) error {
+	to := n.cfg.Shape.Coord(dst)
+	h := netsim.TorusHeader{Proto: proto, Src: n.here, Dst: to}
+	err := n.Send(netsim.AppendTorus(nil, h, payload))
+	h.Route = n.cfg.Shape.AltRoute(n.here, to)
+	return errors.Join(err, n.Send(netsim.AppendTorus(nil, h, payload)))
+}
+
 // route sends pkt one hop towards dst, or delivers it here.
-func (n *Node) route(dst netsim.Coord, pkt []byte) error {
-	d, ok := n.cfg.Shape.NextHop(n.here, dst)
+func (n *Node) route(dst netsim.Coord, rt netsim.Route, pkt []byte) error {
+	n.mu.Lock()
+	d, ok := n.router.NextHopRoute(n.here, dst, rt)
+	n.mu.Unlock()
 	if !ok {
 		n.Stats.Delivered.Add(1)
 		if n.cfg.Handler != nil {
@@ -158,7 +242,16 @@ func (n *Node) route(dst netsim.Coord, pkt []byte) error {
 		return fmt.Errorf("udplink: no address for neighbour %d", next)
 	}
 	pkt[2]++ // hops: one more link crossed, as netsim.Sim counts
+	n.trace(pkt)
 	_, err := n.conn.WriteToUDPAddrPort(pkt, addr)
+	n.mu.Lock()
+	oob, beacon := n.beaconOOB, time.Now().Before(n.beaconUntil)
+	n.mu.Unlock()
+	if beacon && pkt[2] == 1 { // this node's own packets, not those it forwards
+		b := append([]byte(nil), pkt...)
+		b[2] = 0
+		_, _, _ = n.conn.WriteMsgUDPAddrPort(b, oob, netip.AddrPortFrom(limitedBroadcast, addr.Port()))
+	}
 	return err
 }
 
@@ -195,7 +288,28 @@ func (n *Node) flushTree() {
 			continue
 		}
 		n.Stats.TreeSent.Add(1)
+		n.trace(s.Pkt)
 		n.conn.WriteToUDPAddrPort(s.Pkt, addrs[i])
+	}
+}
+
+func (n *Node) trace(pkt []byte) {
+	if n.cfg.Trace != nil {
+		n.cfg.Trace(time.Now(), pkt)
+	}
+}
+
+// checkSource reports a neighbour whose packets come from a new address.
+func (n *Node) checkSource(src netsim.Coord, from netip.AddrPort) {
+	if !n.cfg.Shape.Contains(src) {
+		return
+	}
+	id := n.cfg.Shape.ID(src)
+	n.mu.Lock()
+	want := n.addrs[id]
+	n.mu.Unlock()
+	if from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port()); want != from {
+		n.cfg.OnNewSource(id, from)
 	}
 }
 
@@ -216,6 +330,7 @@ func (n *Node) routineReceive() {
 		}
 		n.Stats.Received.Add(1)
 		pkt := append([]byte(nil), buf[:m]...)
+		n.trace(pkt)
 		switch {
 		case m > 0 && pkt[0] == 'C':
 			n.mu.Lock()
@@ -235,6 +350,13 @@ func (n *Node) routineReceive() {
 				n.Stats.Malformed.Add(1)
 				continue
 			}
+			if h.Hops <= 1 && n.cfg.OnNewSource != nil {
+				n.checkSource(h.Src, from)
+			}
+			if h.Hops == 0 {
+				n.Stats.Beacons.Add(1)
+				continue // a beacon copy: news of its source only
+			}
 			if h.Dst != n.here {
 				if h.Hops == 255 {
 					n.Stats.Malformed.Add(1) // a routing loop; cannot happen with one route per pair
@@ -242,7 +364,7 @@ func (n *Node) routineReceive() {
 				}
 				n.Stats.Forwarded.Add(1)
 			}
-			n.route(h.Dst, pkt)
+			n.route(h.Dst, h.Route, pkt)
 		}
 	}
 }

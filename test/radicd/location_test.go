@@ -254,7 +254,7 @@ func newNetnsCluster(t *testing.T, nodes int, upArgs ...string) *netnsCluster {
 	})
 	for try := 0; ; try++ {
 		sub := fmt.Sprintf("10.%d.0.0/16", 100+rand.IntN(150))
-		out, err := c.radic(append([]string{"cluster", "up", "--mode", "netns", "--name", name, "--nodes", strconv.Itoa(nodes), "--subnet", sub}, upArgs...)...)
+		out, err := c.radic(append([]string{"cluster", "up", "--mode", "netns", "--name", name, "--nodes", strconv.Itoa(nodes), "--subnet", sub}, append(fabricArgs(), upArgs...)...)...)
 		if err == nil {
 			break
 		}

@@ -17,7 +17,19 @@ import (
 var (
 	radicdBin string // built once by TestMain
 	radicBin  string
+	// testFabric is the daemons' network the tests run on
+	// (RADIC_TEST_FABRIC: bg or ip; empty: radicd's default): `make
+	// test` runs the ring and recovery tests on both.
+	testFabric = os.Getenv("RADIC_TEST_FABRIC")
 )
+
+// fabricArgs are the `radic cluster up` flags for testFabric.
+func fabricArgs() []string {
+	if testFabric == "" {
+		return nil
+	}
+	return []string{"--fabric", testFabric}
+}
 
 func TestMain(m *testing.M) {
 	if h := os.Getenv("RADICD_TEST_HELPER"); h != "" {

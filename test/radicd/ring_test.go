@@ -75,6 +75,9 @@ func (r *ring) start(i int) {
 	defer ln.Close()
 	args := []string{"--node", fmt.Sprint(i), "--listen", r.listen(i), "--peers", r.peers(),
 		"--state-dir", filepath.Join(r.dir, fmt.Sprintf("n%d", i)), "--metrics-addr", r.metrics(i)}
+	if testFabric != "" {
+		args = append(args, "--fabric", testFabric)
+	}
 	args = append(args, r.extra[i]...)
 	cmd := exec.Command(radicdBin, args...)
 	logf, err := os.OpenFile(filepath.Join(r.dir, fmt.Sprintf("n%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
