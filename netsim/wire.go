@@ -264,3 +264,33 @@ func Combine(op ReduceOp, dst, src []byte) {
 		binary.BigEndian.PutUint64(dst[i:], a)
 	}
 }
+
+// NextPacket splits the first whole packet off a link frame: one UDP
+// datagram of netsim/udplink carrying torus and collective packets back
+// to back (each says its own length). It checks only the magic and the
+// length; the packet's own decoder checks the rest. A frame whose tail
+// is not a whole packet is malformed from there on.
+func NextPacket(frame []byte) (pkt, rest []byte, err error) {
+	if len(frame) == 0 {
+		return nil, nil, io.EOF
+	}
+	var n int
+	switch frame[0] {
+	case torusMagic:
+		if len(frame) < TorusHeaderLen {
+			return nil, nil, io.ErrUnexpectedEOF
+		}
+		n = TorusHeaderLen + int(frame[3])
+	case treeMagic:
+		if len(frame) < TreeHeaderLen {
+			return nil, nil, io.ErrUnexpectedEOF
+		}
+		n = TreeHeaderLen + int(binary.BigEndian.Uint16(frame[4:]))
+	default:
+		return nil, nil, ErrBadMagic
+	}
+	if len(frame) < n {
+		return nil, nil, io.ErrUnexpectedEOF
+	}
+	return frame[:n:n], frame[n:], nil
+}

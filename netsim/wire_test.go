@@ -90,3 +90,46 @@ func FuzzDecodeTree(f *testing.F) {
 		}
 	})
 }
+
+// A link frame of torus and collective packets splits back into them.
+func TestNextPacket(t *testing.T) {
+	pkts := [][]byte{
+		AppendTorus(nil, TorusHeader{Proto: ProtoDeltaT, Dst: Coord{X: 1}}, make([]byte, TorusPayload)),
+		AppendTree(nil, TreeHeader{Class: TreeBroadcast, Src: 3}, []byte("tree")),
+		AppendTorus(nil, TorusHeader{Proto: ProtoHeartbeat}, nil),
+	}
+	var frame []byte
+	for _, p := range pkts {
+		frame = append(frame, p...)
+	}
+	for i, want := range pkts {
+		var err error
+		var got []byte
+		got, frame, err = NextPacket(frame)
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("packet %d: %x, %v; want %x", i, got, err, want)
+		}
+	}
+	if _, _, err := NextPacket(frame); err != io.EOF {
+		t.Fatalf("after the last packet: %v, want EOF", err)
+	}
+	if _, _, err := NextPacket(pkts[0][:20]); err != io.ErrUnexpectedEOF {
+		t.Fatalf("a cut packet: %v, want ErrUnexpectedEOF", err)
+	}
+}
+
+func FuzzNextPacket(f *testing.F) {
+	f.Add(append(AppendTorus(nil, TorusHeader{}, []byte("x")), AppendTree(nil, TreeHeader{Class: TreeBroadcast}, nil)...))
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		for {
+			pkt, rest, err := NextPacket(frame)
+			if err != nil {
+				return
+			}
+			if len(pkt)+len(rest) != len(frame) || len(pkt) < TorusHeaderLen {
+				t.Fatalf("split %d into %d + %d", len(frame), len(pkt), len(rest))
+			}
+			frame = rest
+		}
+	})
+}

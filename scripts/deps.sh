@@ -21,6 +21,7 @@ pkgs=(
   psmisc:/usr/bin/killall
   gdb:/usr/bin/gdb
   tshark:/usr/bin/tshark
+  valgrind:/usr/bin/valgrind
 )
 missing=()
 for p in "${pkgs[@]}"; do

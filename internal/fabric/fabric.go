@@ -21,9 +21,13 @@
 // daemon is given (--peers), so all daemons agree on the machine without
 // talking.
 //
+// Streams (stream.go) carry byte streams between two daemons over delta-t
+// and bulk messaging: radicd's replication of the message log to its
+// protectors runs on them with --fabric bg.
+//
 // Not yet on the fabric: membership and location broadcasts (collective
-// network) and the critical data (launch records, the message log,
-// re-protection), which still go over TCP.
+// network), launch records, reading a log back for a replay, and
+// re-protection, which still go over TCP.
 package fabric
 
 import (
@@ -39,10 +43,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/radic-project/radic/bulktransport"
 	"github.com/radic-project/radic/bulktransport/bglayers"
+	"github.com/radic-project/radic/bulktransport/bulk"
+	"github.com/radic-project/radic/bulktransport/deltat"
 	"github.com/radic-project/radic/heartbeat"
 	"github.com/radic-project/radic/heartbeat/hbudp"
 	"github.com/radic-project/radic/netsim"
@@ -95,8 +102,18 @@ type Fabric struct {
 
 	epMu sync.Mutex
 	// +checklocks:epMu
-	ep   *bulktransport.Endpoint
-	kick chan struct{} // the endpoint has work or a new deadline
+	ep *bulktransport.Endpoint
+	// +checklocks:epMu
+	writes map[uint64]*Stream // the stream of each message in flight
+	// +checklocks:epMu
+	nextTick time.Time     // the endpoint's next deadline
+	kick     chan struct{} // the timer routine must look at nextTick again
+
+	streamMu sync.Mutex
+	// +checklocks:streamMu
+	streams map[streamKey]*Stream
+	// +checklocks:streamMu
+	listeners map[byte]chan Accepted
 
 	heartbeats chan []byte // received heartbeat datagrams, for Recv
 
@@ -116,6 +133,10 @@ type Fabric struct {
 	// +checklocks:pcapMu
 	pcapBuf *bufio.Writer
 
+	// StreamBytesIn and StreamBytesOut count the bytes streams read and
+	// wrote.
+	StreamBytesIn, StreamBytesOut atomic.Uint64
+
 	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -125,6 +146,13 @@ type sourceNote struct {
 	src netip.AddrPort
 	at  time.Time
 }
+
+// The endpoint's windows: delta-t segments and bulk chunks in flight per
+// peer (240 bytes each: 60 KiB and 240 KiB).
+const (
+	deltaTWindow = 256
+	bulkWindow   = 1024
+)
 
 // sourceNoteEvery is how often one (node, source) mismatch is reported.
 const sourceNoteEvery = time.Second
@@ -161,6 +189,9 @@ func Listen(cfg Config) (*Fabric, error) {
 		heartbeats: make(chan []byte, 256),
 		noted:      map[heartbeat.NodeID]sourceNote{},
 		recent:     map[uint64]time.Time{},
+		writes:     map[uint64]*Stream{},
+		streams:    map[streamKey]*Stream{},
+		listeners:  map[byte]chan Accepted{},
 		done:       make(chan struct{}),
 	}
 	for i, id := range ids {
@@ -176,7 +207,11 @@ func Listen(cfg Config) (*Fabric, error) {
 		f.pcap = pw
 	}
 	var err error
-	f.ep, err = bulktransport.New(bulktransport.Config{Shape: cfg.Shape, Self: self})
+	// Wider windows than the cores' defaults: link frames make a burst
+	// of packets cheap, and the log streams are the daemons' bulk
+	// traffic (the sockets' buffers are 4 MiB: udplink).
+	f.ep, err = bulktransport.New(bulktransport.Config{Shape: cfg.Shape, Self: self,
+		DeltaT: deltat.Config{Window: deltaTWindow}, Bulk: bulk.Config{Window: bulkWindow}})
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +325,7 @@ func (f *Fabric) Send(to heartbeat.NodeID, b []byte) error {
 	if err != nil {
 		return err
 	}
-	f.poke()
+	f.flush()
 	return nil
 }
 
@@ -315,15 +350,32 @@ func (f *Fabric) handle(now time.Time, pkt []byte) {
 		f.deliverHeartbeat(payload)
 		return
 	}
+	type msg struct {
+		from heartbeat.NodeID
+		meta [24]byte
+		data []byte
+	}
+	var dgrams [][]byte
+	var msgs []msg
 	f.epMu.Lock()
 	err = f.ep.Step(now, pkt)
-	var dgrams [][]byte
 	for {
 		m, ok := f.ep.ReadDatagram()
 		if !ok {
 			break
 		}
 		dgrams = append(dgrams, m.Data)
+	}
+	for {
+		m, ok := f.ep.ReadMsg()
+		if !ok {
+			break
+		}
+		// The data points into the endpoint's buffers (a bulk message's
+		// is returned to the receive budget by Release): the stream
+		// keeps a copy.
+		msgs = append(msgs, msg{from: f.radicID[m.Peer], meta: m.Meta, data: append([]byte(nil), m.Data...)})
+		f.ep.Release(m)
 	}
 	f.epMu.Unlock()
 	if err != nil {
@@ -332,7 +384,10 @@ func (f *Fabric) handle(now time.Time, pkt []byte) {
 	for _, d := range dgrams {
 		f.deliverHeartbeat(d)
 	}
-	f.poke()
+	for _, m := range msgs {
+		f.deliverStream(m.from, m.meta, m.data)
+	}
+	f.flush()
 }
 
 func (f *Fabric) deliverHeartbeat(b []byte) {
@@ -379,34 +434,67 @@ func (f *Fabric) poke() {
 	}
 }
 
-// routineEndpoint is the endpoint's one driver: it sends what the
-// endpoint has ready and runs its timers, sleeping while it has nothing
-// to do (no progress work for idle peers).
+// flush sends what the endpoint has ready and hands delta-t's results to
+// the streams that wrote; whoever changed the endpoint calls it, so that
+// an answer leaves from the goroutine that received its question.
+// Concurrent flushes may put packets on the link out of order, which
+// delta-t and bulk are made for.
+func (f *Fabric) flush() {
+	type result struct {
+		s   *Stream
+		err error
+	}
+	var results []result
+	f.epMu.Lock()
+	r := f.ep.Ready()
+	for _, res := range r.Results {
+		if s := f.writes[res.ID]; s != nil {
+			delete(f.writes, res.ID)
+			results = append(results, result{s, res.Err})
+		}
+	}
+	if !r.NextTick.IsZero() && (f.nextTick.IsZero() || r.NextTick.Before(f.nextTick)) {
+		f.nextTick = r.NextTick
+		f.poke() // the timer routine has an earlier deadline
+	}
+	f.epMu.Unlock()
+	if len(r.Packets) > 0 {
+		if err := f.link.SendBatch(r.Packets); err != nil {
+			f.log.Debug("fabric: send", "err", err)
+		}
+	}
+	for _, x := range results {
+		x.s.result(x.err)
+	}
+}
+
+// routineEndpoint runs the endpoint's timers: it sleeps until the next
+// deadline (none while every peer is idle: no progress work for idle
+// peers), ticks and flushes.
 func (f *Fabric) routineEndpoint() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		f.epMu.Lock()
+		next := f.nextTick
+		f.epMu.Unlock()
+		wait := time.Hour
+		if !next.IsZero() {
+			wait = max(time.Until(next), 0)
+		}
+		timer.Reset(wait)
 		select {
 		case <-f.done:
 			return
 		case <-f.kick:
+			continue
 		case <-timer.C:
 		}
-		now := time.Now()
 		f.epMu.Lock()
-		f.ep.Tick(now)
-		r := f.ep.Ready()
+		f.nextTick = time.Time{}
+		f.ep.Tick(time.Now())
 		f.epMu.Unlock()
-		for _, p := range r.Packets {
-			if err := f.link.Send(p); err != nil {
-				f.log.Debug("fabric: send", "err", err)
-			}
-		}
-		wait := time.Hour
-		if !r.NextTick.IsZero() {
-			wait = max(r.NextTick.Sub(now), 0)
-		}
-		timer.Reset(wait)
+		f.flush()
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 
 // ring starts n fabrics on loopback, radicd ids 10, 20, ... (not torus
 // ids: the fabric maps them), and tells each the others' ports.
-func ring(t *testing.T, n int, pcap *bytes.Buffer) []*Fabric {
+func ring(t testing.TB, n int, pcap *bytes.Buffer) []*Fabric {
 	t.Helper()
 	peers := map[heartbeat.NodeID]netip.AddrPort{}
 	for i := range n {

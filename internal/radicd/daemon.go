@@ -356,6 +356,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 	}
 	wg.Go(func() { d.routineReprotect(ctx) })
+	if d.fab != nil {
+		wg.Go(func() { d.routineFabricReplica(ctx) })
+	}
 	if d.rec != nil {
 		sweepReplayFiles(d.log, d.replayDirs()...)
 		wg.Go(func() { d.rec.routineRecovery(ctx) })

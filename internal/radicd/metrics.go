@@ -11,8 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/internal/fabric"
 	"github.com/radic-project/radic/internal/launch"
 	"github.com/radic-project/radic/msglog"
+	"github.com/radic-project/radic/netsim/udplink"
 	"github.com/radic-project/radic/protector"
 )
 
@@ -38,6 +40,7 @@ var MetricNames = []string{
 	"radic_recoveries_total", "radic_recovery_seconds", "radic_recovery_phase_seconds",
 	"radic_replay_bytes_total", "radic_divergences_total",
 	"radic_checkpoints_total", "radic_checkpoint_failures_total", "radic_checkpoint_seconds", "radic_checkpoint_bytes",
+	"radic_fabric_packets_total", "radic_fabric_frames_total", "radic_fabric_streams", "radic_fabric_stream_bytes_total",
 }
 
 // registerMetrics puts radicd's collectors on reg (never the global one).
@@ -66,6 +69,7 @@ func (d *Daemon) registerMetrics(reg *prometheus.Registry) {
 		counter("radic_reprotected_records_total", "Records copied to a new protector after a ring change (re-protection).", d.reprotected.Load),
 		d.detection,
 	)
+	d.registerFabricMetrics(reg)
 	for _, kind := range heartbeat.Causes {
 		var f func() uint64
 		switch kind {
@@ -293,5 +297,56 @@ func (c *ringCollector) Collect(ch chan<- prometheus.Metric) {
 		if slices.Contains(st.Neighbours, m.ID) && m.LastHeard >= 0 {
 			ch <- prometheus.MustNewConstMetric(descPeerAge, prometheus.GaugeValue, m.LastHeard.Seconds(), peer)
 		}
+	}
+}
+
+// registerFabricMetrics exports the Blue Gene fabric's counters (all zero
+// with --fabric ip): torus packets by what happened to them here, the
+// link frames written, and the streams (the log's replication).
+func (d *Daemon) registerFabricMetrics(reg *prometheus.Registry) {
+	stat := func(f func(*udplink.Stats) uint64) func() float64 {
+		return func() float64 {
+			if d.fab == nil {
+				return 0
+			}
+			return float64(f(d.fab.Stats()))
+		}
+	}
+	for event, f := range map[string]func(*udplink.Stats) uint64{
+		"sent":      func(s *udplink.Stats) uint64 { return s.Sent.Load() },
+		"received":  func(s *udplink.Stats) uint64 { return s.Received.Load() },
+		"forwarded": func(s *udplink.Stats) uint64 { return s.Forwarded.Load() },
+		"delivered": func(s *udplink.Stats) uint64 { return s.Delivered.Load() },
+		"dropped": func(s *udplink.Stats) uint64 {
+			return s.LinkDownDrops.Load() + s.NoRoute.Load() + s.Malformed.Load()
+		},
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "radic_fabric_packets_total", Help: "Torus packets this node put on the fabric, read from it, forwarded for others, delivered to itself, or dropped (no route, link down, malformed); zero with --fabric ip.",
+			ConstLabels: prometheus.Labels{"event": event}}, stat(f)))
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "radic_fabric_frames_total", Help: "Link frames (UDP datagrams of torus packets for one next hop) this node wrote."},
+		stat(func(s *udplink.Stats) uint64 { return s.Frames.Load() })))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "radic_fabric_streams", Help: "Streams open on the fabric (the message log's replication with --fabric bg)."},
+		func() float64 {
+			if d.fab == nil {
+				return 0
+			}
+			return float64(d.fab.Streams())
+		}))
+	for dir, f := range map[string]func(*fabric.Fabric) uint64{
+		"in":  func(f *fabric.Fabric) uint64 { return f.StreamBytesIn.Load() },
+		"out": func(f *fabric.Fabric) uint64 { return f.StreamBytesOut.Load() },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "radic_fabric_stream_bytes_total", Help: "Bytes read (in) and written (out) by this node's fabric streams.",
+			ConstLabels: prometheus.Labels{"dir": dir}}, func() float64 {
+			if d.fab == nil {
+				return 0
+			}
+			return float64(f(d.fab))
+		}))
 	}
 }

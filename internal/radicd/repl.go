@@ -11,12 +11,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/radic-project/radic/heartbeat"
+	"github.com/radic-project/radic/internal/fabric"
 	"github.com/radic-project/radic/msglog"
 	"github.com/radic-project/radic/msglog/record"
 )
@@ -25,7 +27,8 @@ import (
 // pessimistic log to each of its k protectors. One TCP connection per
 // protector, opened as an HTTP upgrade of POST /v1/replica/stream?node=ID
 // on the protector's daemon port (HTTP stays the control plane; no second
-// listener), then framed both ways:
+// listener), or with --fabric bg one stream on the Blue Gene fabric
+// (delta-t and bulk messaging, internal/fabric), then framed both ways:
 //
 //	node -> protector, a batch:  u32 length | u64 seq | records (record.AppendRecord, concatenated)
 //	protector -> node, an ack:   u64 received | u64 stored | u32 errlen | err
@@ -528,6 +531,13 @@ func (s *replStream) routineReplStream(ctx context.Context) {
 }
 
 func (s *replStream) dial(ctx context.Context) (net.Conn, *bufio.Reader, error) {
+	if fab := s.rp.d.fab; fab != nil {
+		c, err := fab.Dial(s.peer, fabric.ServiceReplica, []byte(strconv.Itoa(int(s.rp.d.self))))
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, bufio.NewReaderSize(c, 4096), nil
+	}
 	addr, ok := s.rp.addr(s.peer)
 	if !ok {
 		return nil, nil, errors.New("no address")
@@ -820,6 +830,16 @@ func (d *Daemon) handleReplicaStream(w http.ResponseWriter, r *http.Request) {
 	if _, err := fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", replUpgrade); err != nil {
 		return
 	}
+	// The server's reader buffers 4 KiB: a frame larger than that (a
+	// hold's batch is a header and ~4 KiB of records under Jacobi) took
+	// two reads. Reading through a larger buffer takes what has arrived
+	// in one system call (dear on this VM: each one traps).
+	d.serveReplicaStream(c, bufio.NewReaderSize(brw.Reader, replReadBuf), id, lw)
+}
+
+// serveReplicaStream reads node id's log stream from c (a TCP connection
+// or a stream on the fabric) until it breaks.
+func (d *Daemon) serveReplicaStream(c net.Conn, br *bufio.Reader, id heartbeat.NodeID, lw *logWriter) {
 	rc := &replConn{c: c, done: make(chan struct{})}
 	defer close(rc.done)
 	// One connection per node at a time: the previous one ends (its
@@ -834,12 +854,40 @@ func (d *Daemon) handleReplicaStream(w http.ResponseWriter, r *http.Request) {
 	}
 	log := d.log.With("protected_node", id)
 	log.Debug("log stream from node opened", "remote", c.RemoteAddr().String())
-	// The server's reader buffers 4 KiB: a frame larger than that (a
-	// hold's batch is a header and ~4 KiB of records under Jacobi) took
-	// two reads. Reading through a larger buffer takes what has arrived
-	// in one system call (dear on this VM: each one traps).
-	err = d.readReplStream(rc, bufio.NewReaderSize(brw.Reader, replReadBuf), lw)
+	err := d.readReplStream(rc, br, lw)
 	log.Debug("log stream from node closed", "err", err)
+}
+
+// routineFabricReplica accepts the log streams that nodes open on the
+// fabric (--fabric bg): their hello is the node's id.
+func (d *Daemon) routineFabricReplica(ctx context.Context) {
+	d.log.Info("RoutineFabricReplica starting")
+	defer d.log.Info("RoutineFabricReplica stopped")
+	accepted := d.fab.Listen(fabric.ServiceReplica)
+	for {
+		var a fabric.Accepted
+		select {
+		case <-ctx.Done():
+			return
+		case a = <-accepted:
+		}
+		id, err := strconv.ParseUint(string(a.Hello), 10, 32)
+		if err != nil || heartbeat.NodeID(id) != a.Stream.Peer() {
+			d.log.Warn("a log stream on the fabric with a bad hello", "from", a.Stream.Peer(), "hello", string(a.Hello))
+			a.Stream.Close()
+			continue
+		}
+		lw, err := d.logWriterFor(heartbeat.NodeID(id))
+		if err != nil {
+			d.log.Warn("cannot take a log stream", "from", id, "err", err)
+			a.Stream.Close()
+			continue
+		}
+		go func() {
+			defer a.Stream.Close()
+			d.serveReplicaStream(a.Stream, bufio.NewReaderSize(a.Stream, replReadBuf), heartbeat.NodeID(id), lw)
+		}()
+	}
 }
 
 func (d *Daemon) readReplStream(rc *replConn, br *bufio.Reader, lw *logWriter) error {

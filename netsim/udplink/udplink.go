@@ -2,9 +2,10 @@
 // between real processes: every Node is one torus node with one UDP
 // socket, and a packet for a distant node is forwarded hop by hop along
 // its dimension-order route by the daemons in between, as on the machine.
-// One datagram is one packet; the collective network's switches run in
-// the nodes too (netsim.Switch), so broadcast and reduce cost one packet
-// per tree link.
+// One datagram is a link frame: the torus packets for one next hop that
+// were ready together, back to back (MaxFrame); a collective packet goes
+// alone. The collective network's switches run in the nodes too
+// (netsim.Switch), so broadcast and reduce cost one packet per tree link.
 package udplink
 
 import (
@@ -48,6 +49,7 @@ type Stats struct {
 	LinkDownDrops, NoRoute, Malformed    atomic.Uint64
 	TreeSent, TreeDelivered              atomic.Uint64
 	Beacons                              atomic.Uint64 // beacon copies heard
+	Frames                               atomic.Uint64 // link frames written
 }
 
 // limitedBroadcast is 255.255.255.255: it needs no route and no broadcast
@@ -99,10 +101,27 @@ func Listen(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen udp %s: %w", cfg.Listen, err)
 	}
+	growBuffers(conn)
 	n := &Node{cfg: cfg, conn: conn, here: cfg.Shape.Coord(cfg.Self), done: make(chan struct{}),
 		sw: netsim.NewSwitch(netsim.Tree{N: cfg.Shape.Nodes()}, cfg.Self), router: netsim.NewDetour(cfg.Shape)}
 	go n.routineReceive()
 	return n, nil
+}
+
+// growBuffers asks for socketBuffer-sized socket buffers: past the
+// kernel's limit (net.core.rmem_max) with CAP_NET_ADMIN, else up to it.
+func growBuffers(c *net.UDPConn) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		for _, o := range [][2]int{{syscall.SO_RCVBUFFORCE, syscall.SO_RCVBUF}, {syscall.SO_SNDBUFFORCE, syscall.SO_SNDBUF}} {
+			if syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, o[0], socketBuffer) != nil {
+				_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, o[1], socketBuffer)
+			}
+		}
+	})
 }
 
 // Addr is the bound address.
@@ -186,18 +205,43 @@ func (n *Node) Close() error {
 	return err
 }
 
+// MaxFrame bounds a link frame: one UDP datagram carrying whole torus
+// packets back to back, all for the same next hop. The packets stay 240
+// bytes of payload, as on the machine; the frame only spares the host a
+// system call per packet (one datagram per packet moved 15-25 MB/s
+// between two namespaces here, against 1.6-2.1 GB/s for TCP). A frame
+// larger than the path's MTU is fragmented by IP and whole or lost.
+const MaxFrame = 60 << 10
+
+// socketBuffer is the size asked for the socket's receive and send
+// buffers: a burst of frames from several neighbours must not overflow
+// the kernel's default (about 200 KiB) while the receive goroutine works.
+const socketBuffer = 4 << 20
+
 // Send puts a torus packet from this node on the torus; the node owns
 // pkt from now on (it counts hops in it).
-func (n *Node) Send(pkt []byte) error {
-	h, _, err := netsim.DecodeTorus(pkt)
-	if err != nil {
-		return err
+func (n *Node) Send(pkt []byte) error { return n.SendBatch([][]byte{pkt}) }
+
+// SendBatch puts torus packets from this node on the torus, those for
+// one next hop together in link frames (MaxFrame); the node owns them.
+// Packets to one destination keep their order.
+func (n *Node) SendBatch(pkts [][]byte) error {
+	var o outbox
+	var errs []error
+	for _, pkt := range pkts {
+		h, _, err := netsim.DecodeTorus(pkt)
+		if err == nil && (h.Src != n.here || !n.cfg.Shape.Contains(h.Dst)) {
+			err = fmt.Errorf("%w: %v -> %v sent from %v", netsim.ErrBadPacket, h.Src, h.Dst, n.here)
+		}
+		if err == nil {
+			n.Stats.Sent.Add(1)
+			err = n.route(&o, h, pkt)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if h.Src != n.here || !n.cfg.Shape.Contains(h.Dst) {
-		return fmt.Errorf("%w: %v -> %v sent from %v", netsim.ErrBadPacket, h.Src, h.Dst, n.here)
-	}
-	n.Stats.Sent.Add(1)
-	return n.route(h.Dst, h.Route, pkt)
+	return errors.Join(append(errs, o.flush(n))...)
 }
 
 // SendTorus builds and sends a packet to dst.
@@ -211,42 +255,90 @@ func (n *Node) SendTorus(dst netsim.NodeID, proto netsim.Proto, payload []byte) 
 func (n *Node) SendTorusBothWays(dst netsim.NodeID, proto netsim.Proto, payload []byte) error {
 	to := n.cfg.Shape.Coord(dst)
 	h := netsim.TorusHeader{Proto: proto, Src: n.here, Dst: to}
-	err := n.Send(netsim.AppendTorus(nil, h, payload))
+	first := netsim.AppendTorus(nil, h, payload)
 	h.Route = n.cfg.Shape.AltRoute(n.here, to)
-	return errors.Join(err, n.Send(netsim.AppendTorus(nil, h, payload)))
+	return n.SendBatch([][]byte{first, netsim.AppendTorus(nil, h, payload)})
 }
 
-// route sends pkt one hop towards dst, or delivers it here.
-func (n *Node) route(dst netsim.Coord, rt netsim.Route, pkt []byte) error {
+// outbox gathers the packets of one batch into link frames, one per next
+// hop (a node has at most six).
+type outbox struct{ frames []frame }
+
+type frame struct {
+	to  netip.AddrPort
+	buf []byte
+}
+
+// put adds pkt to the frame for to, first sending that frame if pkt
+// would not fit.
+func (o *outbox) put(n *Node, to netip.AddrPort, pkt []byte) error {
+	for i := range o.frames {
+		f := &o.frames[i]
+		if f.to != to {
+			continue
+		}
+		var err error
+		if len(f.buf)+len(pkt) > MaxFrame {
+			err = n.write(f.buf, to)
+			f.buf = f.buf[:0]
+		}
+		f.buf = append(f.buf, pkt...)
+		return err
+	}
+	o.frames = append(o.frames, frame{to: to, buf: append(make([]byte, 0, len(pkt)), pkt...)})
+	return nil
+}
+
+// flush sends every frame that holds packets.
+func (o *outbox) flush(n *Node) error {
+	var err error
+	for i := range o.frames {
+		if f := &o.frames[i]; len(f.buf) > 0 {
+			err = errors.Join(err, n.write(f.buf, f.to))
+			f.buf = f.buf[:0]
+		}
+	}
+	return err
+}
+
+func (n *Node) write(frame []byte, to netip.AddrPort) error {
+	n.Stats.Frames.Add(1)
+	_, err := n.conn.WriteToUDPAddrPort(frame, to)
+	return err
+}
+
+// route takes pkt one hop towards its destination, into the outbox, or
+// delivers it here.
+func (n *Node) route(o *outbox, h netsim.TorusHeader, pkt []byte) error {
 	n.mu.Lock()
-	d, ok := n.router.NextHopRoute(n.here, dst, rt)
+	d, ok := n.router.NextHopRoute(n.here, h.Dst, h.Route)
+	var down, known bool
+	var addr netip.AddrPort
+	next := netsim.NodeID(0)
+	if ok {
+		next = n.cfg.Shape.ID(n.cfg.Shape.Neighbour(n.here, d))
+		down = n.down[d]
+		addr, known = n.addrs[next]
+	}
+	oob, beacon := n.beaconOOB, time.Now().Before(n.beaconUntil)
 	n.mu.Unlock()
-	if !ok {
+	switch {
+	case !ok:
 		n.Stats.Delivered.Add(1)
 		if n.cfg.Handler != nil {
 			n.cfg.Handler(time.Now(), pkt)
 		}
 		return nil
-	}
-	next := n.cfg.Shape.ID(n.cfg.Shape.Neighbour(n.here, d))
-	n.mu.Lock()
-	down := n.down[d]
-	addr, known := n.addrs[next]
-	n.mu.Unlock()
-	if down {
+	case down:
 		n.Stats.LinkDownDrops.Add(1)
 		return nil
-	}
-	if !known {
+	case !known:
 		n.Stats.NoRoute.Add(1)
 		return fmt.Errorf("udplink: no address for neighbour %d", next)
 	}
 	pkt[2]++ // hops: one more link crossed, as netsim.Sim counts
 	n.trace(pkt)
-	_, err := n.conn.WriteToUDPAddrPort(pkt, addr)
-	n.mu.Lock()
-	oob, beacon := n.beaconOOB, time.Now().Before(n.beaconUntil)
-	n.mu.Unlock()
+	err := o.put(n, addr, pkt)
 	if beacon && pkt[2] == 1 { // this node's own packets, not those it forwards
 		b := append([]byte(nil), pkt...)
 		b[2] = 0
@@ -313,13 +405,15 @@ func (n *Node) checkSource(src netsim.Coord, from netip.AddrPort) {
 	}
 }
 
-// routineReceive reads datagrams until Close: delivers, forwards or feeds
-// the collective switch.
+// routineReceive reads link frames until Close: delivers, forwards or
+// feeds the collective switch each packet in them; what it forwards
+// leaves in frames too.
 func (n *Node) routineReceive() {
 	defer close(n.done)
 	n.cfg.Logf("udplink: node %d %v receiving on %v", n.cfg.Self, n.here, n.Addr())
 	defer n.cfg.Logf("udplink: node %d stopped", n.cfg.Self)
-	buf := make([]byte, 2*netsim.MaxTreePacket)
+	buf := make([]byte, 64<<10)
+	var fwd outbox
 	for {
 		m, from, err := n.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
@@ -328,43 +422,55 @@ func (n *Node) routineReceive() {
 			}
 			continue
 		}
-		n.Stats.Received.Add(1)
-		pkt := append([]byte(nil), buf[:m]...)
-		n.trace(pkt)
-		switch {
-		case m > 0 && pkt[0] == 'C':
-			n.mu.Lock()
-			id, ok := n.byAddr[from]
-			if ok {
-				err = n.sw.Step(id, pkt)
+		for rest := buf[:m]; len(rest) > 0; {
+			var pkt []byte
+			if pkt, rest, err = netsim.NextPacket(rest); err != nil {
+				n.Stats.Malformed.Add(1) // the rest of the frame cannot be split
+				break
 			}
-			n.mu.Unlock()
-			if !ok || err != nil {
-				n.Stats.Malformed.Add(1)
-				continue
-			}
-			n.flushTree()
-		default:
-			h, _, err := netsim.DecodeTorus(pkt)
-			if err != nil || !n.cfg.Shape.Contains(h.Dst) {
-				n.Stats.Malformed.Add(1)
-				continue
-			}
-			if h.Hops <= 1 && n.cfg.OnNewSource != nil {
-				n.checkSource(h.Src, from)
-			}
-			if h.Hops == 0 {
-				n.Stats.Beacons.Add(1)
-				continue // a beacon copy: news of its source only
-			}
-			if h.Dst != n.here {
-				if h.Hops == 255 {
-					n.Stats.Malformed.Add(1) // a routing loop; cannot happen with one route per pair
-					continue
-				}
-				n.Stats.Forwarded.Add(1)
-			}
-			n.route(h.Dst, h.Route, pkt)
+			n.Stats.Received.Add(1)
+			n.receive(&fwd, from, append([]byte(nil), pkt...))
 		}
+		fwd.flush(n)
 	}
+}
+
+// receive handles one packet that came from the link.
+func (n *Node) receive(fwd *outbox, from netip.AddrPort, pkt []byte) {
+	n.trace(pkt)
+	if pkt[0] == 'C' {
+		n.mu.Lock()
+		id, ok := n.byAddr[from]
+		var err error
+		if ok {
+			err = n.sw.Step(id, pkt)
+		}
+		n.mu.Unlock()
+		if !ok || err != nil {
+			n.Stats.Malformed.Add(1)
+			return
+		}
+		n.flushTree()
+		return
+	}
+	h, _, err := netsim.DecodeTorus(pkt)
+	if err != nil || !n.cfg.Shape.Contains(h.Dst) {
+		n.Stats.Malformed.Add(1)
+		return
+	}
+	if h.Hops <= 1 && n.cfg.OnNewSource != nil {
+		n.checkSource(h.Src, from)
+	}
+	if h.Hops == 0 {
+		n.Stats.Beacons.Add(1)
+		return // a beacon copy: news of its source only
+	}
+	if h.Dst != n.here {
+		if h.Hops == 255 {
+			n.Stats.Malformed.Add(1) // a packet going round: routers that disagree on the dead
+			return
+		}
+		n.Stats.Forwarded.Add(1)
+	}
+	n.route(fwd, h, pkt)
 }

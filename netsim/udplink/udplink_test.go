@@ -125,3 +125,45 @@ func TestTreeOverUDP(t *testing.T) {
 		}
 	}
 }
+
+// A batch of packets for one next hop leaves in link frames, not one
+// datagram each; the node between forwards them in frames too, and they
+// arrive whole and in order.
+func TestBatchesTravelInFrames(t *testing.T) {
+	sh := netsim.Shape{X: 3, Y: 1, Z: 1}
+	c := newCluster(t, sh)
+	const count = 1000 // 256 bytes each: 5 frames of MaxFrame
+	var pkts [][]byte
+	for i := range count {
+		payload := make([]byte, netsim.TorusPayload)
+		binary.BigEndian.PutUint32(payload, uint32(i))
+		pkts = append(pkts, netsim.AppendTorus(nil, netsim.TorusHeader{Proto: netsim.ProtoRaw, Src: sh.Coord(0), Dst: sh.Coord(1)}, payload))
+	}
+	if err := c.nodes[0].SendBatch(pkts); err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, func() bool { return len(c.got[1]) == count })
+	for i, p := range c.got[1] {
+		_, payload, err := netsim.DecodeTorus(p)
+		if err != nil || binary.BigEndian.Uint32(payload) != uint32(i) {
+			t.Fatalf("packet %d: %v, number %d", i, err, binary.BigEndian.Uint32(payload))
+		}
+	}
+	want := uint64((count*netsim.MaxTorusPacket + MaxFrame - 1) / MaxFrame)
+	if f := c.nodes[0].Stats.Frames.Load(); f != want {
+		t.Fatalf("%d packets left in %d frames, want %d", count, f, want)
+	}
+	// A 3-ring has no two-hop shortest route: node 0's batch to node 2
+	// takes the alternate one (x+, through node 1).
+	for i := range pkts {
+		h := netsim.TorusHeader{Proto: netsim.ProtoRaw, Src: sh.Coord(0), Dst: sh.Coord(2), Route: sh.AltRoute(sh.Coord(0), sh.Coord(2))}
+		pkts[i] = netsim.AppendTorus(nil, h, make([]byte, netsim.TorusPayload))
+	}
+	if err := c.nodes[0].SendBatch(pkts); err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, func() bool { return len(c.got[2]) == count })
+	if f, fw := c.nodes[1].Stats.Frames.Load(), c.nodes[1].Stats.Forwarded.Load(); fw != count || f > 2*want {
+		t.Fatalf("node 1 forwarded %d packets in %d frames, want %d in at most %d", fw, f, count, 2*want)
+	}
+}

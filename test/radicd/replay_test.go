@@ -152,6 +152,14 @@ func TestReplayStream(t *testing.T) {
 	if code != 0 || strings.Count(want, "stream ok") != 2 {
 		t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
 	}
+	if testFabric == "bg" {
+		// The ranks' logs went to their protectors on fabric streams.
+		in, out := c.metricSum("radic_fabric_stream_bytes_total", `dir="in"`), c.metricSum("radic_fabric_stream_bytes_total", `dir="out"`)
+		if in == 0 || out == 0 {
+			t.Errorf("fabric streams moved %v bytes in and %v out: the log did not travel on the fabric", in, out)
+		}
+		t.Logf("the log's replication on the fabric: %.0f bytes written to streams, %.0f read", out, in)
+	}
 	for _, tc := range []struct {
 		name, mode, fault string
 		rank              int // the rank killed (rank 1 connected, rank 0 accepted), on node rank
