@@ -64,8 +64,8 @@ type Config struct {
 	// BulkMin is the smallest message sent Bulk (default DefaultBulkMin);
 	// in between, Copy.
 	BulkMin int
-	DeltaT  deltat.Config
-	Bulk    bulk.Config // Self is set from Self
+	DeltaT  deltat.Config // Headroom is set to the torus header's length
+	Bulk    bulk.Config   // Self is set from Self
 }
 
 // SetDefaults fills zero fields.
@@ -77,6 +77,9 @@ func (c *Config) SetDefaults() {
 		c.BulkMin = DefaultBulkMin
 	}
 	c.Bulk.Self = uint16(c.Self)
+	// Delta-t builds each segment with room for the torus header in
+	// front, and the packet goes out without another copy.
+	c.DeltaT.Headroom = netsim.TorusHeaderLen
 }
 
 // Select is the protocol for an n-byte message with or without metadata.
@@ -117,6 +120,11 @@ var (
 
 // Ready is what the endpoint wants done: whole torus packets to put on
 // the link, finished writes, and when to call Tick.
+//
+// The link owns the packets, and may change their torus header (it counts
+// hops), but not their payload: the first transmission of a delta-t
+// segment is the buffer the endpoint keeps, and copies from, to
+// retransmit it.
 type Ready struct {
 	Packets  [][]byte
 	Results  []Result
@@ -192,10 +200,11 @@ func (e *Endpoint) peer(id netsim.NodeID) *peer {
 	return p
 }
 
-// packet builds a torus packet to id: the single copy of the payload onto
-// the wire. With cache, the header comes from the resolved peer; a packet
-// that leaves no protocol state behind (an RNak) must not resolve one, as
-// no timer would forget it.
+// packet builds a torus packet to id from a bulk data-path packet: the
+// single copy of the payload onto the wire (a Data packet's body is a
+// slice of the writer's buffer). With cache, the header comes from the
+// resolved peer; a packet that leaves no protocol state behind (an RNak)
+// must not resolve one, as no timer would forget it.
 func (e *Endpoint) packet(id netsim.NodeID, proto netsim.Proto, head, body []byte, cache bool) {
 	b := make([]byte, 0, netsim.TorusHeaderLen+len(head)+len(body))
 	if cache {
@@ -385,7 +394,12 @@ func (e *Endpoint) drain(now time.Time) {
 		}
 		d := e.dt.Ready()
 		for _, p := range d.Packets {
-			e.packet(netsim.NodeID(p.To), netsim.ProtoDeltaT, p.B, nil, true)
+			// Delta-t left room for the torus header in front of the
+			// segment: no copy.
+			f := p.Frame
+			copy(f, e.peer(netsim.NodeID(p.To)).hdr[:])
+			f[1], f[3] = byte(netsim.ProtoDeltaT), byte(len(p.B))
+			e.out.Packets = append(e.out.Packets, f)
 		}
 		for _, a := range d.Acked {
 			if a.Tag != 0 {

@@ -343,3 +343,73 @@ func TestRNakLeavesNoState(t *testing.T) {
 		t.Fatalf("%d packets, state %d, next tick %v; want one RNak and nothing kept", len(r.Packets), e.State(), r.NextTick)
 	}
 }
+
+// The sender copies a Short or Copy message once: delta-t writes each
+// segment into a buffer with room for the torus header in front, and
+// that buffer is the torus packet of its first transmission, the same
+// one it keeps to retransmit from (so a link must not change a packet's
+// payload). Here the packet's last byte, changed after it was handed
+// out, shows in the retransmission.
+func TestSegmentCopiedOnce(t *testing.T) {
+	sh := netsim.Shape{X: 2, Y: 1, Z: 1}
+	a := mustNew(t, Config{Shape: sh})
+	now := time.Unix(1000, 0)
+	a.WriteMsg(now, Msg{Peer: 1, Data: []byte("hello")})
+	first := a.Ready().Packets[0]
+	first[len(first)-1] = 'X'
+	a.Tick(now.Add(deltat.DefaultRTO))
+	re := a.Ready().Packets
+	if len(re) != 1 || !bytes.HasSuffix(re[0], []byte("hellX")) {
+		t.Fatalf("retransmitted %q: the first transmission was a copy of the segment kept", re)
+	}
+	if &re[0][0] == &first[0] {
+		t.Fatal("the retransmission reuses the first transmission's packet, which the link owns")
+	}
+}
+
+// A lone Short message and its ack cost a fixed number of allocations,
+// at both ends together: no copy of a segment or an ack into a torus
+// packet, no boxing of timer entries, no record per segment: 11 (the
+// segment, the ack, the queue of segments, and the slices each Ready
+// hands out; BenchmarkProtocols/short counted 20 with those). The write's
+// Result comes back without a Tick: the message began a data run, so the
+// receiver acks it at once.
+func TestShortMessageAllocations(t *testing.T) {
+	sh := netsim.Shape{X: 2, Y: 1, Z: 1}
+	a, r := mustNew(t, Config{Shape: sh}), mustNew(t, Config{Shape: sh, Self: 1})
+	now := time.Unix(1000, 0)
+	data := make([]byte, 64)
+	round := func() {
+		a.WriteMsg(now, Msg{Peer: 1, Data: data})
+		results := 0
+		for moved := true; moved; {
+			moved = false
+			for _, pr := range [2][2]*Endpoint{{a, r}, {r, a}} {
+				rd := pr[0].Ready()
+				if pr[0] == a {
+					results += len(rd.Results)
+				}
+				for _, p := range rd.Packets {
+					pr[1].Step(now, p)
+					moved = true
+				}
+			}
+		}
+		if m, ok := r.ReadMsg(); !ok || len(m.Data) != len(data) {
+			t.Fatal("message not delivered")
+		}
+		if results != 1 {
+			t.Fatal("no write result before the delayed-ack timer")
+		}
+		now = now.Add(deltat.DefaultA) // quiet: the next message starts a data run, acked at once
+		a.Tick(now)
+		r.Tick(now)
+	}
+	for range 10 {
+		round()
+	}
+	const want = 11
+	if got := testing.AllocsPerRun(200, round); got > want {
+		t.Errorf("a Short message and its ack: %v allocations, want at most %d", got, want)
+	}
+}

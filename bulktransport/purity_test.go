@@ -22,7 +22,7 @@ func TestCoresArePure(t *testing.T) {
 	root := testenv.Root(t)
 	forbiddenImports := map[string]bool{"net": true, "os": true, "syscall": true, "golang.org/x/sys/unix": true}
 	forbiddenTime := map[string]bool{"Now": true, "Sleep": true, "After": true, "AfterFunc": true, "NewTimer": true, "NewTicker": true, "Since": true, "Until": true, "Tick": true}
-	for _, dir := range []string{"netsim", "bulktransport", "bulktransport/bulk", "bulktransport/deltat", "bulktransport/frag", "bulktransport/internal/seqnum"} {
+	for _, dir := range []string{"netsim", "bulktransport", "bulktransport/bulk", "bulktransport/deltat", "bulktransport/frag", "bulktransport/internal/seqnum", "bulktransport/internal/timerq"} {
 		files, _ := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		checked := 0
 		for _, f := range files {

@@ -19,8 +19,9 @@
 //	sender                              receiver
 //	Write ── Get(tag, len, meta) ─────▶ room? ── no ──▶ Nak(tag) ──▶ Failed
 //	                                      │ yes: allocate len
-//	      ◀──────── RGet(tag, off, n) ────┘ (a window of chunks;
-//	Data(tag, off) ───────────────────▶     missing ones re-requested)
+//	      ◀──────── RGet(tag, off, n) ────┘ (a window of chunks per
+//	Data(tag, off) ───────────────────▶     sending peer; missing ones
+//	                                         re-requested)
 //	      ◀──────── Ack(tag) ───────────── all chunks: deliver
 //	Done(tag), release the buffer
 package bulk
@@ -29,13 +30,15 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/radic-project/radic/bulktransport/internal/timerq"
 )
 
 // Defaults.
 const (
 	DefaultMaxMessage      = 64 << 20
 	DefaultMaxBuffered     = 256 << 20
-	DefaultWindow          = 64 // chunks in flight per transfer
+	DefaultWindow          = 64 // chunks in flight per sending peer, over all its transfers
 	DefaultRGetTimeout     = 20 * time.Millisecond
 	DefaultTransferTimeout = 2 * time.Second
 	DefaultRegionTimeout   = 10 * time.Second
@@ -43,12 +46,15 @@ const (
 
 // Config holds the limits and timers; zero fields take the defaults.
 type Config struct {
-	Self            uint16
-	MaxMessage      int // largest message the receiver takes
-	MaxBuffered     int // bytes received and not yet released by the reader
+	Self        uint16
+	MaxMessage  int // largest message the receiver takes
+	MaxBuffered int // bytes received and not yet released by the reader
+	// Window is the chunks a receiver has asked one peer for and not yet
+	// received, over all the transfers from that peer: what the peer
+	// may put in the receiver's socket buffer at once.
 	Window          int
 	RGetTimeout     time.Duration // silence before missing chunks are asked again
-	TransferTimeout time.Duration // silence before a transfer is abandoned
+	TransferTimeout time.Duration // silence of a sending peer (no new data for any of its transfers) before its transfers are abandoned
 	RegionTimeout   time.Duration // the sender keeps an unacknowledged region this long after the last request
 }
 
@@ -135,6 +141,7 @@ type region struct {
 	to       uint16
 	data     []byte
 	lastUsed time.Time
+	timer    time.Time // earliest timer entry
 }
 
 type xferKey struct {
@@ -143,15 +150,40 @@ type xferKey struct {
 }
 
 type transfer struct {
-	meta     [MetaLen]byte
-	buf      []byte
-	have     []uint64
-	chunks   int
-	missing  int
-	nextReq  int // chunks below this have been requested
-	inflight int
-	lastData time.Time // last new chunk: TransferTimeout runs from here
-	lastAsk  time.Time // last re-request: RGetTimeout runs from the later of the two
+	src     *sender // its peer's window
+	meta    [MetaLen]byte
+	buf     []byte
+	have    []uint64
+	chunks  int
+	missing int
+	nextReq int // chunks below this have been requested
+	// front: every chunk below it has arrived or been asked for again.
+	// Chunks are first asked for in order and the sender answers in
+	// order, so a chunk arriving beyond front means the ones it skipped
+	// are lost.
+	front    int
+	inflight int       // chunks asked for and not arrived (counted in the peer's window)
+	lastData time.Time // last new chunk
+	lastAsk  time.Time // last request: RGetTimeout runs from the later of the two
+	timer    time.Time // earliest timer entry
+}
+
+// sender is what a receiver keeps per sending peer while it has
+// transfers from it: the window shared by them.
+type sender struct {
+	inflight int      // chunks asked for and not arrived, over the transfers
+	xfers    int      // transfers from the peer
+	waiting  []uint32 // tags of transfers with chunks not yet asked for, oldest first
+	// lastData is the peer's last new chunk or Get: TransferTimeout
+	// runs from here, for all its transfers, as one waiting for the
+	// window behind the others gets no data of its own.
+	lastData time.Time
+}
+
+// timerKey names a region (by tag) or a transfer.
+type timerKey struct {
+	xferKey
+	region bool
 }
 
 // Node is the bulk core of one node, both sending and receiving.
@@ -159,10 +191,16 @@ type Node struct {
 	cfg       Config
 	regions   map[uint32]*region
 	transfers map[xferKey]*transfer
+	senders   map[uint16]*sender
+	timers    timerq.Queue[timerKey]
 	nextTag   uint32
 	buffered  int
 	out       Ready
 	Stats     Stats
+	// visits counts transfers and regions looked at to find deadlines or
+	// run timers: a test checks that Ready and the data path look at none
+	// and Tick only at those due.
+	visits uint64
 }
 
 // New makes the bulk core of node cfg.Self.
@@ -182,7 +220,7 @@ func (n *Node) Buffered() int { return n.buffered }
 func (n *Node) Ready() Ready {
 	r := n.out
 	n.out = Ready{}
-	r.NextTick = n.nextDeadline()
+	r.NextTick = n.timers.Next()
 	return r
 }
 
@@ -199,7 +237,9 @@ func (n *Node) Write(now time.Time, dst uint16, meta [MetaLen]byte, data []byte)
 	if n.regions == nil {
 		n.regions = map[uint32]*region{}
 	}
-	n.regions[tag] = &region{to: dst, data: data, lastUsed: now}
+	r := &region{to: dst, data: data, lastUsed: now}
+	n.regions[tag] = r
+	n.timers.Schedule(now.Add(n.cfg.RegionTimeout), timerKey{xferKey{tag: tag}, true}, &r.timer)
 	n.Stats.Writes++
 	n.control(dst, OpGet, tag, meta, uint32(len(data)))
 	return tag, nil
@@ -261,7 +301,7 @@ func (n *Node) StepControl(now time.Time, from uint16, b []byte) error {
 			n.dropRegion(c.Param)
 		}
 	case OpCancel:
-		n.dropTransfer(xferKey{from, c.Param})
+		n.dropTransfer(now, xferKey{from, c.Param})
 	}
 	return nil
 }
@@ -286,29 +326,60 @@ func (n *Node) get(now time.Time, c Control) {
 	if size == 0 {
 		chunks = 0
 	}
-	t := &transfer{meta: c.Meta, buf: make([]byte, size), have: make([]uint64, (chunks+63)/64),
+	if n.senders == nil {
+		n.senders = map[uint16]*sender{}
+	}
+	p := n.senders[k.from]
+	if p == nil {
+		p = &sender{}
+		n.senders[k.from] = p
+	}
+	t := &transfer{src: p, meta: c.Meta, buf: make([]byte, size), have: make([]uint64, (chunks+63)/64),
 		chunks: chunks, missing: chunks, lastData: now}
 	n.buffered += size
 	if n.transfers == nil {
 		n.transfers = map[xferKey]*transfer{}
 	}
 	n.transfers[k] = t
+	p.xfers++
+	p.lastData = now
 	if chunks == 0 {
 		n.complete(k, t)
 		return
 	}
-	n.request(k, t)
+	p.waiting = append(p.waiting, k.tag)
+	n.request(now, k.from, p)
+	n.schedule(k, t)
 }
 
-// request asks for the next chunks, keeping at most Window in flight.
-func (n *Node) request(k xferKey, t *transfer) {
-	if t.nextReq >= t.chunks || t.inflight > n.cfg.Window/2 {
+// request asks peer from for the next chunks of its transfers, oldest
+// transfer first, keeping at most Window chunks in flight from the peer
+// over all of them. It waits until half the window is free, so that one
+// remote get asks for many chunks.
+func (n *Node) request(now time.Time, from uint16, p *sender) {
+	if p.inflight > n.cfg.Window/2 {
 		return
 	}
-	c := min(n.cfg.Window-t.inflight, t.chunks-t.nextReq)
-	n.rget(k, t, t.nextReq, c)
-	t.nextReq += c
-	t.inflight += c
+	for len(p.waiting) > 0 && p.inflight < n.cfg.Window {
+		k := xferKey{from, p.waiting[0]}
+		t := n.transfers[k]
+		if t != nil && t.nextReq < t.chunks {
+			c := min(n.cfg.Window-p.inflight, t.chunks-t.nextReq)
+			t.lastAsk = now
+			n.rget(k, t, t.nextReq, c)
+			t.nextReq += c
+			t.inflight += c
+			p.inflight += c
+			n.schedule(k, t) // its re-request timer may start now
+			if t.nextReq < t.chunks {
+				return
+			}
+		}
+		p.waiting = p.waiting[1:]
+	}
+	if len(p.waiting) == 0 {
+		p.waiting = nil
+	}
 }
 
 func (n *Node) rget(k xferKey, t *transfer, first, count int) {
@@ -333,7 +404,7 @@ func (n *Node) StepData(now time.Time, from uint16, b []byte) error {
 	case OpRNak:
 		if n.transfers[xferKey{from, p.Tag}] != nil {
 			n.Stats.RNaks++
-			n.dropTransfer(xferKey{from, p.Tag})
+			n.dropTransfer(now, xferKey{from, p.Tag})
 		}
 	}
 	return nil
@@ -348,11 +419,18 @@ func (n *Node) serve(now time.Time, from uint16, p DataPath) {
 	}
 	r.lastUsed = now
 	end := min(uint64(len(r.data)), uint64(p.Offset)+uint64(p.Length))
-	for off := uint64(p.Offset) - uint64(p.Offset)%ChunkData; off < end; off += ChunkData {
+	start := uint64(p.Offset) - uint64(p.Offset)%ChunkData
+	if start >= end {
+		return
+	}
+	// One buffer for the headers of all the chunks asked for.
+	heads := make([]byte, 0, (end-start+ChunkData-1)/ChunkData*DataHeaderLen)
+	for off := start; off < end; off += ChunkData {
 		e := min(off+ChunkData, uint64(len(r.data)))
 		n.Stats.DataSent++
-		n.out.Packets = append(n.out.Packets, PacketOut{To: from,
-			Head: AppendDataHeader(make([]byte, 0, DataHeaderLen), OpData, p.Tag, uint32(off)), Body: r.data[off:e]})
+		h := len(heads)
+		heads = AppendDataHeader(heads, OpData, p.Tag, uint32(off))
+		n.out.Packets = append(n.out.Packets, PacketOut{To: from, Head: heads[h:len(heads):len(heads)], Body: r.data[off:e]})
 	}
 }
 
@@ -376,45 +454,93 @@ func (n *Node) data(now time.Time, k xferKey, p DataPath) {
 	copy(t.buf[p.Offset:], p.Data) // the "DMA" into the receiver's memory
 	n.Stats.DataReceived++
 	t.missing--
-	t.inflight = max(0, t.inflight-1)
-	t.lastData = now
+	s := t.src
+	if t.inflight > 0 {
+		t.inflight--
+		s.inflight--
+	}
+	t.lastData, s.lastData = now, now
 	if t.missing == 0 {
 		n.complete(k, t)
+		if s.xfers > 0 {
+			n.request(now, k.from, s) // its share of the window is free
+		}
 		return
 	}
-	if i == t.nextReq-1 && t.missing > t.chunks-t.nextReq {
-		// The last chunk asked for has come and some before it have
-		// not. The sender answers remote gets in order and the route
-		// keeps their order, so those are lost: ask again now rather
-		// than after RGetTimeout. (If the network reordered them
-		// instead, the extra copies are dropped as duplicates.)
-		n.Stats.FastRerequests++
-		n.rerequest(k, t)
-		t.lastAsk = now
-		return
+	if i > t.front {
+		// Chunks are first asked for in order, the sender answers
+		// remote gets in order and the route keeps their order, so the
+		// chunks between front and this one that have not come are
+		// lost: ask again now rather than after RGetTimeout. Each chunk
+		// is skipped over once at most, so this asks for it once; a
+		// re-request that is lost too waits for RGetTimeout. (If the
+		// network reordered them instead, the extra copies are dropped
+		// as duplicates.) They stay counted in the window.
+		if n.askRuns(k, t, t.front, i, n.cfg.Window) > 0 {
+			n.Stats.FastRerequests++
+		}
 	}
-	n.request(k, t)
+	t.front = max(t.front, i+1)
+	n.request(now, k.from, s)
+}
+
+// askRuns asks again for the missing chunks in [from, to), as runs of
+// consecutive chunks, at most limit of them; it returns how many.
+func (n *Node) askRuns(k xferKey, t *transfer, from, to, limit int) (asked int) {
+	for i := from; i < to && asked < limit; {
+		if i%64 == 0 && t.have[i/64] == ^uint64(0) {
+			i += 64 // 64 chunks all here
+			continue
+		}
+		if t.have[i/64]&(1<<(i%64)) != 0 {
+			i++
+			continue
+		}
+		j := i
+		for j < to && j-i < limit-asked && t.have[j/64]&(1<<(j%64)) == 0 {
+			j++
+		}
+		n.Stats.Rerequests++
+		n.rget(k, t, i, j-i)
+		asked += j - i
+		i = j
+	}
+	return asked
 }
 
 func (n *Node) complete(k xferKey, t *transfer) {
 	n.control(k.from, OpAck, k.tag, t.meta, 0)
-	delete(n.transfers, k)
-	if len(n.transfers) == 0 {
-		n.transfers = nil
-	}
+	n.forget(k, t)
 	n.Stats.Delivered++
 	n.out.Messages = append(n.out.Messages, Message{From: k.from, Meta: t.meta, Data: t.buf})
 }
 
-func (n *Node) dropTransfer(k xferKey) {
+func (n *Node) dropTransfer(now time.Time, k xferKey) {
 	t := n.transfers[k]
 	if t == nil {
 		return
 	}
 	n.buffered -= len(t.buf)
+	n.forget(k, t)
+	if s := n.senders[k.from]; s != nil {
+		n.request(now, k.from, s) // its share of the window is free
+	}
+}
+
+// forget removes a transfer and its share of its peer's window.
+func (n *Node) forget(k xferKey, t *transfer) {
 	delete(n.transfers, k)
 	if len(n.transfers) == 0 {
 		n.transfers = nil
+	}
+	n.clearIfIdle()
+	s := t.src
+	s.inflight -= t.inflight
+	if s.xfers--; s.xfers == 0 {
+		delete(n.senders, k.from)
+		if len(n.senders) == 0 {
+			n.senders = nil
+		}
 	}
 }
 
@@ -423,70 +549,96 @@ func (n *Node) dropRegion(tag uint32) {
 	if len(n.regions) == 0 {
 		n.regions = nil
 	}
+	n.clearIfIdle()
+}
+
+// clearIfIdle drops the timer entries of a node with nothing active: they
+// are all stale, and an idle node holds no memory and needs no Tick.
+func (n *Node) clearIfIdle() {
+	if len(n.regions)+len(n.transfers) == 0 {
+		n.timers.Clear()
+	}
 }
 
 // Tick re-requests missing chunks after RGetTimeout of silence, abandons
-// transfers silent for TransferTimeout and regions unused for
-// RegionTimeout. It visits only active transfers and regions.
+// transfers whose peer has been silent for TransferTimeout and regions
+// unused for RegionTimeout. Timers are in a heap: it visits only the
+// transfers and regions whose timer entry is due.
 func (n *Node) Tick(now time.Time) {
-	for k, t := range n.transfers {
-		switch {
-		case now.Sub(t.lastData) >= n.cfg.TransferTimeout:
-			n.Stats.TimedOut++
-			n.dropTransfer(k)
-		case now.Sub(later(t.lastData, t.lastAsk)) >= n.cfg.RGetTimeout:
-			n.rerequest(k, t)
-			t.lastAsk = now
+	for {
+		k, at, ok := n.timers.PopDue(now)
+		if !ok {
+			break
+		}
+		if k.region {
+			if r := n.regions[k.tag]; r != nil && r.timer.Equal(at) {
+				n.visits++
+				r.timer = time.Time{}
+				n.tickRegion(now, k.tag, r)
+			}
+		} else if t := n.transfers[k.xferKey]; t != nil && t.timer.Equal(at) {
+			n.visits++
+			t.timer = time.Time{}
+			n.tickTransfer(now, k.xferKey, t)
 		}
 	}
-	for tag, r := range n.regions {
-		if now.Sub(r.lastUsed) >= n.cfg.RegionTimeout {
-			n.Stats.TimedOut++
-			n.out.Results = append(n.out.Results, Result{Tag: tag, To: r.to, Err: ErrTimeout})
-			n.dropRegion(tag)
-		}
+}
+
+func (n *Node) tickRegion(now time.Time, tag uint32, r *region) {
+	exp := r.lastUsed.Add(n.cfg.RegionTimeout)
+	if now.Before(exp) {
+		n.timers.Schedule(exp, timerKey{xferKey{tag: tag}, true}, &r.timer)
+		return
 	}
+	n.Stats.TimedOut++
+	n.out.Results = append(n.out.Results, Result{Tag: tag, To: r.to, Err: ErrTimeout})
+	n.dropRegion(tag)
+}
+
+func (n *Node) tickTransfer(now time.Time, k xferKey, t *transfer) {
+	if !now.Before(t.src.lastData.Add(n.cfg.TransferTimeout)) {
+		n.Stats.TimedOut++
+		n.dropTransfer(now, k)
+		return
+	}
+	if at, ok := n.rgetDue(t); ok && !now.Before(at) {
+		n.rerequest(now, k, t)
+		t.lastAsk = now
+	}
+	n.schedule(k, t)
 }
 
 // rerequest asks again for the missing chunks already requested, as runs
-// of consecutive chunks, at most Window chunks in all.
-func (n *Node) rerequest(k xferKey, t *transfer) {
-	asked := 0
-	for i := 0; i < t.nextReq && asked < n.cfg.Window; {
-		if t.have[i/64]&(1<<(i%64)) != 0 {
-			i++
-			continue
-		}
-		j := i
-		for j < t.nextReq && j-i < n.cfg.Window-asked && t.have[j/64]&(1<<(j%64)) == 0 {
-			j++
-		}
-		n.Stats.Rerequests++
-		n.rget(k, t, i, j-i)
-		asked += j - i
-		i = j
-	}
-	t.inflight = asked
-	if asked == 0 {
-		n.request(k, t)
-	}
+// of consecutive chunks, within the window: the chunks the transfer had
+// in flight are taken as lost, and it may use them and whatever the
+// peer's other transfers leave free.
+func (n *Node) rerequest(now time.Time, k xferKey, t *transfer) {
+	s := t.src
+	s.inflight -= t.inflight
+	t.inflight = n.askRuns(k, t, 0, t.nextReq, max(0, n.cfg.Window-s.inflight))
+	s.inflight += t.inflight
+	t.front = t.nextReq // each chunk asked for again
+	n.request(now, k.from, s)
 }
 
-func (n *Node) nextDeadline() time.Time {
-	var d time.Time
-	first := func(t time.Time) {
-		if d.IsZero() || t.Before(d) {
-			d = t
-		}
+// rgetDue is when the transfer's missing chunks are asked for again, if
+// any of those asked for are missing.
+func (n *Node) rgetDue(t *transfer) (time.Time, bool) {
+	if t.missing <= t.chunks-t.nextReq {
+		return time.Time{}, false // all asked for have come: waiting for the window
 	}
-	for _, t := range n.transfers {
-		first(later(t.lastData, t.lastAsk).Add(n.cfg.RGetTimeout))
-		first(t.lastData.Add(n.cfg.TransferTimeout))
+	return later(t.lastData, t.lastAsk).Add(n.cfg.RGetTimeout), true
+}
+
+// schedule makes sure the transfer has a timer entry at or before its
+// deadline. The deadline only moves later with new data, so this pushes
+// only when the transfer starts asking for chunks.
+func (n *Node) schedule(k xferKey, t *transfer) {
+	d := t.src.lastData.Add(n.cfg.TransferTimeout)
+	if at, ok := n.rgetDue(t); ok && at.Before(d) {
+		d = at
 	}
-	for _, r := range n.regions {
-		first(r.lastUsed.Add(n.cfg.RegionTimeout))
-	}
-	return d
+	n.timers.Schedule(d, timerKey{k, false}, &t.timer)
 }
 
 func later(a, b time.Time) time.Time {
@@ -497,4 +649,4 @@ func later(a, b time.Time) time.Time {
 }
 
 // NextTick is when Tick has work next (zero: nothing active).
-func (n *Node) NextTick() time.Time { return n.nextDeadline() }
+func (n *Node) NextTick() time.Time { return n.timers.Next() }

@@ -63,6 +63,13 @@ func (p *pair) run(limit time.Duration) {
 				}
 			}
 		}
+		for _, n := range p.nodes {
+			for from, s := range n.senders {
+				if s.inflight > n.cfg.Window || s.inflight < 0 {
+					p.t.Fatalf("node %d has %d chunks in flight from %d, window %d", n.cfg.Self, s.inflight, from, n.cfg.Window)
+				}
+			}
+		}
 		if !moved {
 			p.now = p.now.Add(5 * time.Millisecond)
 			for _, n := range p.nodes {
@@ -209,21 +216,43 @@ func FuzzDecodeControl(f *testing.F) {
 	})
 }
 
-// FuzzReceiver feeds arbitrary data-path packets to a receiver with an
-// open transfer: no panic, and what it delivers has the announced length.
+// FuzzReceiver feeds arbitrary data-path packets, from two peers with
+// two open transfers each, to a receiver: no panic, what it delivers has
+// the announced length, each peer's window stays between 0 and Window,
+// and after TransferTimeout nothing is left, timers included.
 func FuzzReceiver(f *testing.F) {
-	f.Add(AppendDataHeader(nil, OpData, 1, 0))
-	f.Add(append(AppendDataHeader(nil, OpData, 1, ChunkData), make([]byte, 100)...))
-	f.Add(AppendRGet(nil, 1, 0, 1000))
+	f.Add([]byte{8, byte(OpData), 0, 0, 1, 0, 0, 0, 0})
+	f.Add(append([]byte{108}, append(AppendDataHeader(nil, OpData, 1, ChunkData), make([]byte, 100)...)...))
+	f.Add(append([]byte{12}, AppendRGet(nil, 1, 0, 1000)...))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n := New(Config{Self: 1})
-		n.StepControl(t0, 0, AppendControl(nil, Control{Header: Header{Src: 0, Dst: 1, Op: OpGet, Param: 1}, Word: ChunkData + 100}))
-		n.Ready()
-		n.StepData(t0, 0, b)
-		for _, m := range n.Ready().Messages {
-			if len(m.Data) != ChunkData+100 {
-				t.Fatalf("delivered %d bytes", len(m.Data))
+		n := New(Config{Self: 1, Window: 8})
+		for from := range uint16(2) {
+			for tag := range uint32(2) {
+				n.StepControl(t0, from*2, AppendControl(nil, Control{Header: Header{Src: from * 2, Dst: 1, Op: OpGet, Param: tag + 1}, Word: ChunkData*(20+tag) + 100}))
 			}
+		}
+		n.Ready()
+		now := t0
+		for len(b) > 1 {
+			k := min(int(b[0]), len(b)-1)
+			n.StepData(now, uint16(b[0]&2), bytes.Clone(b[1:1+k]))
+			b = b[1+k:]
+			now = now.Add(3 * time.Millisecond)
+			n.Tick(now)
+			for _, m := range n.Ready().Messages {
+				if len(m.Data) != ChunkData*20+100 && len(m.Data) != ChunkData*21+100 {
+					t.Fatalf("delivered %d bytes", len(m.Data))
+				}
+			}
+			for from, s := range n.senders {
+				if s.inflight < 0 || s.inflight > n.cfg.Window {
+					t.Fatalf("%d chunks in flight from %d, window %d", s.inflight, from, n.cfg.Window)
+				}
+			}
+		}
+		n.Tick(now.Add(n.cfg.TransferTimeout))
+		if n.Active() != 0 || n.senders != nil || n.timers.Len() != 0 {
+			t.Fatalf("after the timeout: %d active, %d windows, %d timers", n.Active(), len(n.senders), n.timers.Len())
 		}
 	})
 }
@@ -301,5 +330,201 @@ func TestGapReRequestedAtOnce(t *testing.T) {
 	p, _ := DecodeDataPath(again[0].Head)
 	if p.Op != OpRGet || p.Offset != 3*ChunkData || p.Length != ChunkData {
 		t.Fatalf("re-request %+v, want chunk 3", p)
+	}
+}
+
+// stepAll passes every data-path packet in out to n as coming from from.
+func stepAll(t *testing.T, now time.Time, from uint16, out []PacketOut, n *Node) {
+	t.Helper()
+	for _, d := range out {
+		if err := n.StepData(now, from, append(bytes.Clone(d.Head), d.Body...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// requested is the chunks the remote gets in out ask for.
+func requested(t *testing.T, out []PacketOut) (chunks int) {
+	t.Helper()
+	for _, d := range out {
+		p, err := DecodeDataPath(d.Head)
+		if err != nil || p.Op != OpRGet {
+			t.Fatalf("%x: not a remote get (%v)", d.Head, err)
+		}
+		chunks += (int(p.Length) + ChunkData - 1) / ChunkData
+	}
+	return chunks
+}
+
+// Bulk messaging: the receive window is per sending peer, across its
+// transfers. Four 64-chunk messages from one peer get 64 chunks asked
+// for at first, not 4 x 64 (which would overflow a socket buffer); a
+// message from another peer gets a window of its own. All four arrive,
+// in turn, and under loss the window is never exceeded (pair.run checks).
+func TestWindowPerPeer(t *testing.T) {
+	a, r, c := New(Config{Self: 0}), New(Config{Self: 1}), New(Config{Self: 2})
+	for range 4 {
+		a.Write(t0, 1, [MetaLen]byte{}, make([]byte, DefaultWindow*ChunkData))
+	}
+	c.Write(t0, 1, [MetaLen]byte{}, make([]byte, DefaultWindow*ChunkData))
+	for _, ctl := range a.Ready().Control {
+		r.StepControl(t0, 0, ctl.B)
+	}
+	if got := requested(t, r.Ready().Packets); got != DefaultWindow {
+		t.Errorf("four transfers from one peer: %d chunks asked for, want the window (%d)", got, DefaultWindow)
+	}
+	r.StepControl(t0, 2, c.Ready().Control[0].B)
+	if got := requested(t, r.Ready().Packets); got != DefaultWindow {
+		t.Errorf("a transfer from another peer: %d chunks asked for, want a window of its own (%d)", got, DefaultWindow)
+	}
+
+	p := newPair(t, Config{})
+	p.rng = testenv.Rand(t)
+	p.loss = 0.2
+	var want [][]byte
+	for k := range 4 {
+		data := bytes.Repeat([]byte{byte(k + 1)}, 100_000)
+		want = append(want, data)
+		p.nodes[0].Write(p.now, 1, [MetaLen]byte{byte(k)}, data)
+	}
+	p.run(time.Minute)
+	if len(p.got[1]) != 4 {
+		t.Fatalf("%d of 4 messages delivered", len(p.got[1]))
+	}
+	for _, m := range p.got[1] {
+		if !bytes.Equal(m.Data, want[m.Meta[0]]) {
+			t.Fatalf("message %d corrupt", m.Meta[0])
+		}
+	}
+	if p.nodes[1].senders != nil || p.nodes[1].Active() != 0 {
+		t.Fatal("receiver keeps a window for a peer with no transfers")
+	}
+	for i, n := range p.nodes {
+		if n.timers.Len() != 0 || !n.NextTick().IsZero() {
+			t.Fatalf("node %d idle with %d timer entries", i, n.timers.Len())
+		}
+	}
+}
+
+// A transfer waiting for the window behind the peer's other transfers
+// gets no data of its own, but its peer is not silent: it is not
+// abandoned after TransferTimeout. Here the data path delivers one chunk
+// a millisecond and the window is 8 chunks, so the second message is
+// first asked for about 56 ms after it arrived, with a 50 ms
+// TransferTimeout.
+func TestWaitingTransferNotAbandoned(t *testing.T) {
+	cfg := Config{Window: 8, TransferTimeout: 50 * time.Millisecond}
+	s, r := New(cfg), New(cfg)
+	s.cfg.Self, r.cfg.Self = 0, 1
+	for range 2 {
+		s.Write(t0, 1, [MetaLen]byte{}, make([]byte, 64*ChunkData))
+	}
+	now := t0
+	var pipe []PacketOut
+	var got []Message
+	for len(got) < 2 && now.Before(t0.Add(2*time.Second)) {
+		now = now.Add(time.Millisecond)
+		s.Tick(now)
+		r.Tick(now)
+		for moved := true; moved; {
+			so, ro := s.Ready(), r.Ready()
+			got = append(got, ro.Messages...)
+			for _, c := range so.Control {
+				r.StepControl(now, 0, c.B)
+			}
+			for _, c := range ro.Control {
+				s.StepControl(now, 1, c.B)
+			}
+			stepAll(t, now, 1, ro.Packets, s) // remote gets, at once
+			pipe = append(pipe, so.Packets...)
+			moved = len(so.Control)+len(ro.Control)+len(ro.Packets) > 0
+		}
+		if len(pipe) > 0 {
+			stepAll(t, now, 0, pipe[:1], r)
+			pipe = pipe[1:]
+		}
+	}
+	if len(got) != 2 || r.Stats.TimedOut != 0 {
+		t.Fatalf("%d of 2 messages delivered in %v, %d transfers abandoned", len(got), now.Sub(t0), r.Stats.TimedOut)
+	}
+}
+
+// Bulk messaging: a chunk that arrives beyond the first missing one
+// shows that one lost (chunks are asked for in order and come in order),
+// and the receiver asks for it again at once, without waiting for the
+// last chunk asked for, and once: the later chunks do not ask again.
+func TestGapReRequestedWhenSkipped(t *testing.T) {
+	s, r := New(Config{Self: 0}), New(Config{Self: 1})
+	s.Write(t0, 1, [MetaLen]byte{}, make([]byte, 10*ChunkData))
+	r.StepControl(t0, 0, s.Ready().Control[0].B)
+	stepAll(t, t0, 1, r.Ready().Packets, s)
+	data := s.Ready().Packets
+	stepAll(t, t0, 0, data[:3], r)
+	if out := r.Ready().Packets; len(out) != 0 {
+		t.Fatalf("%d packets after chunks 0-2 in order, want none", len(out))
+	}
+	stepAll(t, t0, 0, data[4:5], r) // chunk 3 lost
+	again := r.Ready().Packets
+	if len(again) != 1 {
+		t.Fatalf("%d packets when chunk 4 skipped chunk 3, want one remote get", len(again))
+	}
+	if p, _ := DecodeDataPath(again[0].Head); p.Op != OpRGet || p.Offset != 3*ChunkData || p.Length != ChunkData {
+		t.Fatalf("re-request %+v, want chunk 3", p)
+	}
+	stepAll(t, t0, 0, data[5:], r)
+	if out := r.Ready().Packets; len(out) != 0 {
+		t.Fatalf("%d packets after chunks 5-9: chunk 3 asked for again twice", len(out))
+	}
+	stepAll(t, t0, 1, again, s)
+	stepAll(t, t0, 0, s.Ready().Packets, r)
+	if out := r.Ready(); len(out.Messages) != 1 || r.Stats.FastRerequests != 1 {
+		t.Fatalf("%d messages, %d fast re-requests; want the message after one", len(out.Messages), r.Stats.FastRerequests)
+	}
+}
+
+// Ready and the data path find the next deadline without looking at the
+// transfers and regions (a heap holds their timers), and Tick looks only
+// at those due: with 50 transfers and 50 regions open, started 1 ms
+// apart, moving a transfer's data and calling Ready looks at none of
+// them, and a Tick when one region and one transfer are due looks at
+// those two.
+func TestTimersVisitOnlyDue(t *testing.T) {
+	const k = 50
+	senders := make([]*Node, k)
+	r := New(Config{Self: 1})
+	s := New(Config{Self: 0}) // regions, to nobody listening
+	for i := range k {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		senders[i] = New(Config{Self: uint16(2 + i)})
+		senders[i].Write(now, 1, [MetaLen]byte{}, make([]byte, 100*ChunkData))
+		r.StepControl(now, uint16(2+i), senders[i].Ready().Control[0].B)
+		s.Write(now, 9, [MetaLen]byte{}, make([]byte, 10))
+	}
+	s.Ready()
+	rgets := r.Ready().Packets
+	if r.visits != 0 || s.visits != 0 {
+		t.Fatalf("opening transfers and regions looked at %d and %d of them", r.visits, s.visits)
+	}
+	// The last transfer's data, chunk by chunk, with a Ready after each.
+	last := senders[k-1]
+	now := t0.Add(k * time.Millisecond)
+	stepAll(t, now, 1, rgets[k-1:], last)
+	for _, d := range last.Ready().Packets {
+		stepAll(t, now, uint16(k+1), []PacketOut{d}, r)
+		r.Ready()
+		r.NextTick()
+	}
+	if r.visits != 0 {
+		t.Fatalf("moving one transfer's data with %d open looked at %d transfers", k, r.visits)
+	}
+	// The first transfer's re-request timer is due first (nothing came
+	// for it in RGetTimeout), then the next one's 1 ms later.
+	r.Tick(t0.Add(DefaultRGetTimeout))
+	if r.visits != 1 || len(r.Ready().Packets) != 1 {
+		t.Fatalf("Tick with one transfer due looked at %d transfers", r.visits)
+	}
+	s.Tick(t0.Add(DefaultRegionTimeout))
+	if res := s.Ready().Results; s.visits != 1 || len(res) != 1 || !errors.Is(res[0].Err, ErrTimeout) {
+		t.Fatalf("Tick with one region due looked at %d regions, results %+v", s.visits, res)
 	}
 }

@@ -1,12 +1,12 @@
 package deltat
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/radic-project/radic/bulktransport/internal/seqnum"
+	"github.com/radic-project/radic/bulktransport/internal/timerq"
 )
 
 // Specification constants (Watson, "Delta-t protocol specification";
@@ -34,12 +34,18 @@ const (
 	SenderTimer   = 3
 	// MaxMessage bounds one message. Larger data goes by bulk messaging.
 	MaxMessage = 1 << 20
+	// MaxHeadroom bounds Config.Headroom.
+	MaxHeadroom = 256
 )
 
 // Config holds the timers. The zero value of a field means its default.
 type Config struct {
 	MPL, R, A, RTO time.Duration
 	Window         int
+	// Headroom is the bytes reserved in front of every packet for the
+	// link's own header (see Packet.Frame), so that the link sends a
+	// segment without copying it. Zero: none.
+	Headroom int
 }
 
 // SetDefaults fills zero fields.
@@ -79,17 +85,27 @@ func (c Config) Validate() error {
 	if c.Window < 1 || c.Window > 1<<15 {
 		return fmt.Errorf("%w: window %d", ErrConfig, c.Window)
 	}
+	if c.Headroom < 0 || c.Headroom > MaxHeadroom {
+		return fmt.Errorf("%w: headroom %d", ErrConfig, c.Headroom)
+	}
 	return nil
 }
 
 // Peer names the other end: a node id.
 type Peer uint32
 
-// Packet is a delta-t packet for Peer; the core keeps B for
-// retransmission, so the link must not modify it.
+// Packet is a delta-t packet for Peer.
+//
+// Frame is B with Config.Headroom bytes in front of it, in the same array
+// (B is Frame[Headroom:]): the link may write its own header there and
+// send Frame, keeping it, without copying B. The core never writes to a
+// packet's bytes once it has returned it, and it keeps B of a segment's
+// first transmission to copy from for retransmissions, so the link must
+// not change B (a retransmission or an ack is a fresh packet).
 type Packet struct {
-	To Peer
-	B  []byte
+	To    Peer
+	B     []byte
+	Frame []byte
 }
 
 // Message is a delivered message. Data of a one-segment message aliases
@@ -131,10 +147,9 @@ type Stats struct {
 
 type seg struct {
 	seq       seqnum.Value
-	pkt       []byte
+	frame     []byte // Config.Headroom bytes, then the delta-t packet
 	tag       uint64
 	eom       bool
-	sent      bool
 	firstSent time.Time
 	lastSent  time.Time
 }
@@ -143,10 +158,25 @@ type seg struct {
 // while segments are outstanding and for SenderTimer delta-t after the
 // last transmission.
 type sendRecord struct {
-	peer     Peer
-	next     seqnum.Value // next sequence number to assign
-	una      seqnum.Value // oldest unacknowledged
-	segs     []*seg       // unacknowledged and unsent, in seq order
+	peer Peer
+	next seqnum.Value // next sequence number to assign
+	una  seqnum.Value // oldest unacknowledged
+	// segs are the unacknowledged segments in seq order: segs[:sent]
+	// have been transmitted, the rest wait for the window. Segments go
+	// out in order, so the transmitted ones are always a prefix, and
+	// segs[0] has the earliest first transmission (the give-up deadline).
+	segs []seg
+	sent int
+	// arr is the array segs lives in, whole: acks move segs forward in
+	// it, and room moves segs back to its start rather than grow it
+	// while half of it is free, so a steady stream reuses one array.
+	// Both are dropped when the queue empties.
+	arr []seg
+	// rexmit is a lower bound on the earliest retransmission due among
+	// segs[:sent] (zero: none transmitted). A transmission at now can only
+	// lower it to now+RTO; acks leave it, early; tickSend, the only code
+	// that scans the segments, sets it exactly.
+	rexmit   time.Time
 	lastSend time.Time
 	window   int // peer's advertised window
 	timer    time.Time
@@ -162,7 +192,10 @@ type recvRecord struct {
 	lastRecv time.Time
 	ackDue   time.Time // zero: nothing to acknowledge
 	unacked  int
-	timer    time.Time
+	// runMsg: a segment of the message being assembled carried DRF
+	// (the sender had nothing else outstanding); its end is acked at once.
+	runMsg bool
+	timer  time.Time
 }
 
 type oooSeg struct {
@@ -178,9 +211,20 @@ type Endpoint struct {
 	cfg    Config
 	send   map[Peer]*sendRecord
 	recv   map[Peer]*recvRecord
-	timers timerHeap
+	timers timerq.Queue[timerKey]
 	out    Ready
 	Stats  Stats
+	// visits counts the segments pump and sendDeadline look at: a test
+	// checks that a Send or an ack looks at O(1) segments however many
+	// are in flight (tickSend's scan is not counted: it runs once per
+	// RTO at most).
+	visits uint64
+}
+
+// timerKey names the record a timer entry belongs to.
+type timerKey struct {
+	peer Peer
+	send bool
 }
 
 // New makes an endpoint.
@@ -204,9 +248,7 @@ func (e *Endpoint) Records() int { return len(e.send) + len(e.recv) }
 func (e *Endpoint) Ready() Ready {
 	r := e.out
 	e.out = Ready{}
-	if len(e.timers) > 0 {
-		r.NextTick = e.timers[0].at
-	}
+	r.NextTick = e.timers.Next()
 	return r
 }
 
@@ -242,10 +284,11 @@ func (e *Endpoint) SendPrefixed(now time.Time, peer Peer, prefix, msg []byte, ta
 		e.send[peer] = s
 		e.Stats.SendRecords++
 	}
+	hr := e.cfg.Headroom
+	s.room(max(1, (total+SegData-1)/SegData))
 	for off := 0; ; off += SegData {
 		n := min(SegData, total-off)
 		eom := off+n == total
-		g := &seg{seq: s.next, tag: tag, eom: eom}
 		flags := uint8(FlagData)
 		if off == 0 {
 			flags |= FlagBOM
@@ -253,15 +296,16 @@ func (e *Endpoint) SendPrefixed(now time.Time, peer Peer, prefix, msg []byte, ta
 		if eom {
 			flags |= FlagEOM
 		}
-		b := Append(make([]byte, 0, HeaderLen+n), Header{Flags: flags, Seq: uint32(g.seq)}, nil)
+		// The one copy of the message at the sender: straight into the
+		// frame the link sends (the link's header goes in the headroom).
+		b := Append(make([]byte, hr, hr+HeaderLen+n), Header{Flags: flags, Seq: uint32(s.next)}, nil)
 		if off < len(prefix) {
 			b = append(b, prefix[off:min(len(prefix), off+n)]...)
 		}
 		if end := off + n - len(prefix); end > 0 {
 			b = append(b, msg[max(0, off-len(prefix)):end]...)
 		}
-		g.pkt = b
-		s.segs = append(s.segs, g)
+		s.segs = append(s.segs, seg{seq: s.next, frame: b, tag: tag, eom: eom})
 		s.next++
 		if eom {
 			break
@@ -271,29 +315,52 @@ func (e *Endpoint) SendPrefixed(now time.Time, peer Peer, prefix, msg []byte, ta
 	return nil
 }
 
+// room makes room for k more segments at the end of the queue: it moves
+// the queue back to the start of its array if that leaves half the array
+// free, else into a new array, of exactly the size needed for a queue
+// that was empty and twice that otherwise.
+func (s *sendRecord) room(k int) {
+	if cap(s.segs)-len(s.segs) >= k {
+		return
+	}
+	n := len(s.segs)
+	a := s.arr
+	if 2*(n+k) > len(a) {
+		size := n + k // an empty queue: this message's segments
+		if n > 0 {
+			size *= 2 // a stream: room to move back into
+		}
+		a = make([]seg, size)
+	}
+	// When a is arr, segs starts at len(a)-cap(segs) > len(a)-n-k >=
+	// len(a)/2 >= n: the copy does not overlap it.
+	copy(a, s.segs)
+	clear(s.segs)
+	s.arr, s.segs = a, a[:n]
+}
+
 // Has reports whether the endpoint holds a record for peer.
 func (e *Endpoint) Has(peer Peer) bool { return e.send[peer] != nil || e.recv[peer] != nil }
 
-// pump transmits unsent segments that fit the window.
+// pump transmits unsent segments that fit the window. It starts at the
+// first unsent one: the segments in flight cost it nothing.
 func (e *Endpoint) pump(now time.Time, s *sendRecord) {
-	for i, g := range s.segs {
-		if i >= min(e.cfg.Window, s.window) {
-			break
-		}
-		if g.sent {
-			continue
-		}
+	hr := e.cfg.Headroom
+	for lim := min(len(s.segs), e.cfg.Window, s.window); s.sent < lim; s.sent++ {
+		g := &s.segs[s.sent]
+		e.visits++
 		if g.seq == s.una {
 			// Nothing before it is outstanding: mark the data run so
 			// that a receiver without a record can start one.
-			g.pkt[0] |= FlagDRF
+			g.frame[hr] |= FlagDRF
 		}
-		g.sent, g.firstSent, g.lastSent = true, now, now
+		g.firstSent, g.lastSent = now, now
 		s.lastSend = now
+		s.rexmit = earliest(s.rexmit, now.Add(e.cfg.RTO))
 		e.Stats.Segments++
-		e.out.Packets = append(e.out.Packets, Packet{s.peer, g.pkt})
+		e.out.Packets = append(e.out.Packets, Packet{s.peer, g.frame[hr:], g.frame})
 	}
-	e.schedule(timerEntry{at: e.sendDeadline(s), peer: s.peer, send: true}, &s.timer)
+	e.timers.Schedule(e.sendDeadline(s), timerKey{s.peer, true}, &s.timer)
 }
 
 // Step handles a delta-t packet from peer. The endpoint keeps references
@@ -325,15 +392,19 @@ func (e *Endpoint) ack(now time.Time, from Peer, h Header) {
 		return
 	}
 	n := int(s.una.Size(ack))
-	for _, g := range s.segs[:n] {
-		if g.eom {
+	for i := range s.segs[:n] {
+		if g := &s.segs[i]; g.eom {
 			e.out.Acked = append(e.out.Acked, Acked{from, g.tag})
 		}
 	}
 	clear(s.segs[:n])
 	s.segs = s.segs[n:]
+	s.sent = max(0, s.sent-n) // an ack cannot cover unsent segments, unless forged
 	if len(s.segs) == 0 {
-		s.segs = nil
+		s.segs, s.arr = nil, nil // the record may live 3Δt more: keep nothing
+	}
+	if s.sent == 0 {
+		s.rexmit = time.Time{}
 	}
 	s.una = ack
 	e.pump(now, s)
@@ -366,7 +437,7 @@ func (e *Endpoint) data(now time.Time, from Peer, h Header, data []byte) {
 		// the segments in between (it sets DRF only when nothing
 		// before is outstanding). Drop them and the partial message.
 		e.Stats.Resets++
-		r.expected, r.ooo, r.asm = seq, nil, nil
+		r.expected, r.ooo, r.asm, r.runMsg = seq, nil, nil, false
 	}
 	r.lastRecv = now
 	switch {
@@ -374,19 +445,28 @@ func (e *Endpoint) data(now time.Time, from Peer, h Header, data []byte) {
 		e.Stats.Duplicates++
 		r.ackDue = now // tell the sender at once: its ack was lost
 	case seq == r.expected:
-		e.accept(r, data, h.Flags&FlagEOM != 0)
+		// A segment with DRF is in order here (a record is created at
+		// it, or reset to it): the sender had nothing else outstanding.
+		r.runMsg = r.runMsg || drf
+		runEnd := e.accept(r, data, h.Flags&FlagEOM != 0)
 		for {
 			o, ok := r.ooo[r.expected]
 			if !ok {
 				break
 			}
 			delete(r.ooo, r.expected)
-			e.accept(r, o.data, o.eom)
+			runEnd = e.accept(r, o.data, o.eom) || runEnd
 		}
 		if len(r.ooo) == 0 {
 			r.ooo = nil
 		}
-		if r.unacked >= e.cfg.Window/2 || r.ooo != nil {
+		// Acks wait up to A so that one covers many segments, but at
+		// once: past half the window, on a gap, and at the end of a
+		// message that began a data run (its sender is idle, waiting:
+		// a lone message's write completes in a round trip, not A; at
+		// most one such ack per round trip, as the next data run
+		// starts only once everything before it is acked).
+		if runEnd || r.unacked >= e.cfg.Window/2 || r.ooo != nil {
 			r.ackDue = now
 		} else if r.ackDue.IsZero() {
 			r.ackDue = now.Add(e.cfg.A)
@@ -405,17 +485,19 @@ func (e *Endpoint) data(now time.Time, from Peer, h Header, data []byte) {
 		e.Stats.OutOfWindow++
 	}
 	e.flushAck(now, r)
-	e.schedule(timerEntry{at: e.recvDeadline(r), peer: r.peer}, &r.timer)
+	e.timers.Schedule(e.recvDeadline(r), timerKey{r.peer, false}, &r.timer)
 }
 
-// accept takes the next in-order segment.
-func (e *Endpoint) accept(r *recvRecord, data []byte, eom bool) {
+// accept takes the next in-order segment. It reports whether the
+// segment ended a message that began a data run.
+func (e *Endpoint) accept(r *recvRecord, data []byte, eom bool) (runEnd bool) {
 	r.expected++
 	r.unacked++
 	if !eom {
 		r.asm = append(r.asm, data)
-		return
+		return false
 	}
+	runEnd, r.runMsg = r.runMsg, false
 	msg := data // one segment: by reference
 	if len(r.asm) > 0 {
 		n := len(data)
@@ -432,6 +514,7 @@ func (e *Endpoint) accept(r *recvRecord, data []byte, eom bool) {
 	}
 	e.Stats.Delivered++
 	e.out.Messages = append(e.out.Messages, Message{r.peer, msg})
+	return runEnd
 }
 
 func (e *Endpoint) flushAck(now time.Time, r *recvRecord) {
@@ -441,23 +524,24 @@ func (e *Endpoint) flushAck(now time.Time, r *recvRecord) {
 	r.ackDue, r.unacked = time.Time{}, 0
 	e.Stats.Acks++
 	win := e.cfg.Window - len(r.ooo)
-	e.out.Packets = append(e.out.Packets, Packet{r.peer,
-		Append(make([]byte, 0, HeaderLen), Header{Flags: FlagACK, Window: uint16(max(1, win)), Ack: uint32(r.expected)}, nil)})
+	hr := e.cfg.Headroom
+	f := Append(make([]byte, hr, hr+HeaderLen), Header{Flags: FlagACK, Window: uint16(max(1, win)), Ack: uint32(r.expected)}, nil)
+	e.out.Packets = append(e.out.Packets, Packet{r.peer, f[hr:], f})
 }
 
+// sendDeadline is when s has work next: the record's expiry when nothing
+// is outstanding, else the earlier of the give-up time of its oldest
+// segment and the retransmission bound. It looks at no segment but the
+// first.
 func (e *Endpoint) sendDeadline(s *sendRecord) time.Time {
-	var d time.Time
-	for _, g := range s.segs {
-		if !g.sent {
-			break
-		}
-		d = earliest(d, g.lastSent.Add(e.cfg.RTO))
-		d = earliest(d, g.firstSent.Add(e.cfg.R))
-	}
 	if len(s.segs) == 0 {
-		d = s.lastSend.Add(SenderTimer * e.cfg.DeltaT())
+		return s.lastSend.Add(SenderTimer * e.cfg.DeltaT())
 	}
-	return d
+	if s.sent == 0 {
+		return time.Time{} // not reached: pump sends at least one segment
+	}
+	e.visits++
+	return earliest(s.rexmit, s.segs[0].firstSent.Add(e.cfg.R))
 }
 
 func (e *Endpoint) recvDeadline(r *recvRecord) time.Time {
@@ -479,44 +563,56 @@ func earliest(a, b time.Time) time.Time {
 // acks and the expiry of connection records. It touches only records
 // whose timers are due; idle peers cost nothing.
 func (e *Endpoint) Tick(now time.Time) {
-	for len(e.timers) > 0 && !now.Before(e.timers[0].at) {
-		t := heap.Pop(&e.timers).(timerEntry)
-		if t.send {
-			if s := e.send[t.peer]; s != nil && s.timer.Equal(t.at) {
+	for {
+		k, at, ok := e.timers.PopDue(now)
+		if !ok {
+			break
+		}
+		if k.send {
+			if s := e.send[k.peer]; s != nil && s.timer.Equal(at) {
 				s.timer = time.Time{}
 				e.tickSend(now, s)
 			}
-		} else if r := e.recv[t.peer]; r != nil && r.timer.Equal(t.at) {
+		} else if r := e.recv[k.peer]; r != nil && r.timer.Equal(at) {
 			r.timer = time.Time{}
 			e.tickRecv(now, r)
 		}
 	}
+	if len(e.send)+len(e.recv) == 0 {
+		e.timers.Clear() // every entry left is stale
+	}
 }
 
+// tickSend gives up, retransmits and sets the retransmission bound
+// exactly: the one scan of the segments in flight, once per RTO at most.
 func (e *Endpoint) tickSend(now time.Time, s *sendRecord) {
 	if len(s.segs) == 0 {
 		if !now.Before(s.lastSend.Add(SenderTimer * e.cfg.DeltaT())) {
 			e.expireSend(s)
 			return
 		}
-		e.schedule(timerEntry{at: e.sendDeadline(s), peer: s.peer, send: true}, &s.timer)
+		e.timers.Schedule(e.sendDeadline(s), timerKey{s.peer, true}, &s.timer)
 		return
 	}
-	for _, g := range s.segs {
-		if g.sent && !now.Before(g.firstSent.Add(e.cfg.R)) {
-			e.giveUp(s)
-			break
-		}
+	// Segments are first sent in order, so segs[0] was first sent
+	// earliest. (Not its lastSent: after a partial retransmission a later
+	// segment may be due before it.)
+	if s.sent > 0 && !now.Before(s.segs[0].firstSent.Add(e.cfg.R)) {
+		e.giveUp(s)
 	}
-	for _, g := range s.segs {
-		if !g.sent {
-			break
-		}
+	hr := e.cfg.Headroom
+	s.rexmit = time.Time{}
+	for i := range s.segs[:s.sent] {
+		g := &s.segs[i]
 		if !now.Before(g.lastSent.Add(e.cfg.RTO)) {
 			g.lastSent, s.lastSend = now, now
 			e.Stats.Retransmits++
-			e.out.Packets = append(e.out.Packets, Packet{s.peer, g.pkt})
+			// A fresh frame: the first one belongs to the link now,
+			// which may still hold it and writes its header.
+			f := append(make([]byte, hr, len(g.frame)), g.frame[hr:]...)
+			e.out.Packets = append(e.out.Packets, Packet{s.peer, f[hr:], f})
 		}
+		s.rexmit = earliest(s.rexmit, g.lastSent.Add(e.cfg.RTO))
 	}
 	e.pump(now, s)
 }
@@ -545,13 +641,14 @@ func (e *Endpoint) expireRecv(r *recvRecord) {
 // R. The next segment starts a new data run, which resets the receiver.
 func (e *Endpoint) giveUp(s *sendRecord) {
 	f := Failure{Peer: s.peer}
-	for _, g := range s.segs {
-		if g.eom {
+	for i := range s.segs {
+		if g := &s.segs[i]; g.eom {
 			f.Tags = append(f.Tags, g.tag)
 		}
 	}
 	e.Stats.GaveUp += uint64(len(s.segs))
-	s.segs = nil
+	clear(s.segs)
+	s.segs, s.arr, s.sent, s.rexmit = nil, nil, 0, time.Time{}
 	s.una = s.next
 	e.out.Failures = append(e.out.Failures, f)
 }
@@ -562,46 +659,8 @@ func (e *Endpoint) tickRecv(now time.Time, r *recvRecord) {
 		e.expireRecv(r)
 		return
 	}
-	e.schedule(timerEntry{at: e.recvDeadline(r), peer: r.peer}, &r.timer)
-}
-
-// schedule makes sure a timer entry at t.at or earlier exists for a
-// record whose current entry is *cur. Entries are never removed; a popped
-// entry that no longer matches its record's timer is ignored.
-func (e *Endpoint) schedule(t timerEntry, cur *time.Time) {
-	if !cur.IsZero() && !t.at.Before(*cur) {
-		return
-	}
-	*cur = t.at
-	heap.Push(&e.timers, t)
-}
-
-type timerEntry struct {
-	at   time.Time
-	peer Peer
-	send bool
-}
-
-type timerHeap []timerEntry
-
-func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	*h = old[:len(old)-1]
-	if len(*h) == 0 {
-		*h = nil
-	}
-	return t
+	e.timers.Schedule(e.recvDeadline(r), timerKey{r.peer, false}, &r.timer)
 }
 
 // NextTick is when Tick has work next (zero: no timers).
-func (e *Endpoint) NextTick() time.Time {
-	if len(e.timers) == 0 {
-		return time.Time{}
-	}
-	return e.timers[0].at
-}
+func (e *Endpoint) NextTick() time.Time { return e.timers.Next() }

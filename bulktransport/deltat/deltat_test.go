@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/radic-project/radic/bulktransport/internal/seqnum"
 	"github.com/radic-project/radic/internal/testenv"
 	"github.com/radic-project/radic/netsim"
 )
@@ -46,7 +47,9 @@ func TestDeltaTDefinition(t *testing.T) {
 
 // delta-t: no handshake. The first packet a sender ever sends to a peer
 // carries the data (marked DRF); the receiver creates its record from it
-// and delivers at once.
+// and delivers at once. The message began a data run (its sender had
+// nothing else outstanding), so the receiver acks it at once rather than
+// after A (A is the maximum ack delay, not a fixed one).
 func TestFirstPacketCarriesData(t *testing.T) {
 	a, b := newEP(t, Config{}), newEP(t, Config{})
 	a.Send(t0, 2, []byte("hello"), 7)
@@ -58,14 +61,45 @@ func TestFirstPacketCarriesData(t *testing.T) {
 	if len(rb.Messages) != 1 || string(rb.Messages[0].Data) != "hello" || rb.Messages[0].From != 1 {
 		t.Fatalf("delivered %+v", rb.Messages)
 	}
-	// The ack is delayed by at most A.
-	if len(rb.Packets) != 0 || !rb.NextTick.Equal(t0.Add(DefaultA)) {
-		t.Fatalf("ack sent at once or not scheduled at A (next %v)", rb.NextTick)
+	if len(rb.Packets) != 1 {
+		t.Fatalf("%d packets from the receiver of a lone message, want its ack at once", len(rb.Packets))
 	}
-	b.Tick(t0.Add(DefaultA))
-	ra = deliver(t, t0.Add(DefaultA), 2, b.Ready(), a)
+	ra = deliver(t, t0, 2, rb, a)
 	if len(ra.Acked) != 1 || ra.Acked[0] != (Acked{2, 7}) {
 		t.Fatalf("acked %v, want message 7 by peer 2", ra.Acked)
+	}
+}
+
+// delta-t: the receiver acks at once the end of a message that began a
+// data run (DRF: nothing before it outstanding), however many segments
+// it has; a message sent while another is outstanding carries no DRF and
+// its ack waits up to A, so that one ack covers a burst.
+func TestAckAtOnceEndsDataRun(t *testing.T) {
+	for _, size := range []int{1, 3*SegData + 1} {
+		a, b := newEP(t, Config{}), newEP(t, Config{})
+		a.Send(t0, 2, make([]byte, size), 1) // a data run: DRF
+		a.Send(t0, 2, make([]byte, size), 2) // behind it: no DRF
+		var acks []Packet
+		for _, p := range a.Ready().Packets {
+			if err := b.Step(t0, 1, p.B); err != nil {
+				t.Fatal(err)
+			}
+			r := b.Ready()
+			acks = append(acks, r.Packets...)
+			if len(r.Messages) == 1 && len(acks) != 1 {
+				t.Fatalf("%d B: message %d delivered, %d acks sent; want one, at the end of the first", size, len(r.Messages), len(acks))
+			}
+		}
+		if ra := deliver(t, t0, 2, Ready{Packets: acks}, a); len(ra.Acked) != 1 || ra.Acked[0].Tag != 1 {
+			t.Fatalf("%d B: the ack at once acknowledged %v, want message 1", size, ra.Acked)
+		}
+		if next := b.NextTick(); !next.Equal(t0.Add(DefaultA)) {
+			t.Fatalf("%d B: the second message's ack is due at %v, want A later", size, next.Sub(t0))
+		}
+		b.Tick(t0.Add(DefaultA))
+		if ra := deliver(t, t0.Add(DefaultA), 2, b.Ready(), a); len(ra.Acked) != 1 || ra.Acked[0].Tag != 2 {
+			t.Fatalf("%d B: after A acked %v, want message 2", size, ra.Acked)
+		}
 	}
 }
 
@@ -76,9 +110,9 @@ func TestRecordsExpire(t *testing.T) {
 	a, b := newEP(t, Config{}), newEP(t, Config{})
 	dt := a.Config().DeltaT()
 	a.Send(t0, 2, []byte("x"), 1)
-	deliver(t, t0, 1, a.Ready(), b)
-	b.Tick(t0.Add(DefaultA))
-	deliver(t, t0.Add(DefaultA), 2, b.Ready(), a)
+	if ra := deliver(t, t0, 2, deliver(t, t0, 1, a.Ready(), b), a); len(ra.Acked) != 1 {
+		t.Fatal("lone message not acked")
+	}
 
 	b.Tick(t0.Add(2*dt - 1))
 	if b.Records() != 1 {
@@ -93,8 +127,8 @@ func TestRecordsExpire(t *testing.T) {
 		t.Fatal("sender record gone before 3 delta-t")
 	}
 	a.Tick(t0.Add(3 * dt))
-	if a.Records() != 0 || a.send != nil || len(a.timers) != 0 {
-		t.Fatalf("sender holds %d records, %d timers after 3 delta-t", a.Records(), len(a.timers))
+	if a.Records() != 0 || a.send != nil || a.timers.Len() != 0 {
+		t.Fatalf("sender holds %d records, %d timers after 3 delta-t", a.Records(), a.timers.Len())
 	}
 }
 
@@ -140,9 +174,7 @@ func TestGiveUpAfterR(t *testing.T) {
 	cfg := Config{R: 200 * time.Millisecond, RTO: 50 * time.Millisecond}
 	a, b := newEP(t, cfg), newEP(t, cfg)
 	a.Send(t0, 2, []byte("first"), 1)
-	deliver(t, t0, 1, a.Ready(), b) // b has a record now
-	b.Tick(t0.Add(DefaultA))
-	deliver(t, t0.Add(DefaultA), 2, b.Ready(), a)
+	deliver(t, t0, 2, deliver(t, t0, 1, a.Ready(), b), a) // b has a record now; a has its ack
 	now := t0.Add(DefaultA)
 	a.Send(now, 2, []byte("lost"), 2)
 	a.Ready() // every transmission of "lost" is dropped
@@ -363,11 +395,13 @@ func BenchmarkSendDeliver(b *testing.B) {
 				for _, p := range a.Ready().Packets {
 					r.Step(now, 1, p.B)
 				}
-				r.Ready()
+				for _, p := range r.Ready().Packets {
+					a.Step(now, 2, p.B) // an ack at once: the message began a data run
+				}
 				now = now.Add(DefaultA)
 				r.Tick(now)
 				for _, p := range r.Ready().Packets {
-					a.Step(now, 2, p.B)
+					a.Step(now, 2, p.B) // a delayed ack
 				}
 				a.Ready()
 			}
@@ -387,5 +421,137 @@ func TestSendPrefixed(t *testing.T) {
 		if len(rb.Messages) != 1 || !bytes.Equal(rb.Messages[0].Data, append(prefix, msg...)) {
 			t.Fatalf("prefix %d: got %d messages", plen, len(rb.Messages))
 		}
+	}
+}
+
+// A send or an ack costs the sender O(1) whatever is in flight: pump
+// starts at the first unsent segment and the deadline comes from the
+// oldest segment and a retransmission bound, not from a scan of the
+// window. With the window full (64 segments in flight, more queued),
+// each Send and each ack that lets one more segment out looks at no more
+// than two segments.
+func TestPumpIgnoresSegmentsInFlight(t *testing.T) {
+	a, b := newEP(t, Config{}), newEP(t, Config{})
+	now := t0
+	for i := range 2 * DefaultWindow {
+		a.Send(now, 2, []byte("x"), uint64(i+1))
+	}
+	pkts := a.Ready().Packets
+	if len(pkts) != DefaultWindow || len(a.send[2].segs) != 2*DefaultWindow {
+		t.Fatalf("%d sent of %d queued, want a full window", len(pkts), len(a.send[2].segs))
+	}
+	for _, p := range pkts {
+		b.Step(now, 1, p.B)
+	}
+	b.Ready()
+	// b acknowledges one segment at a time (acks built by hand: b's
+	// own would cover half a window at once).
+	ack := func(next seqnum.Value) []byte {
+		return Append(nil, Header{Flags: FlagACK, Window: DefaultWindow, Ack: uint32(next)}, nil)
+	}
+	una := a.send[2].una
+	for i := range DefaultWindow {
+		now = now.Add(time.Microsecond)
+		v := a.visits
+		a.Send(now, 2, []byte("y"), 0)
+		if d := a.visits - v; d > 2 {
+			t.Fatalf("Send %d with %d segments in flight looked at %d of them", i, DefaultWindow, d)
+		}
+		v = a.visits
+		una++
+		a.Step(now, 2, ack(una))
+		r := a.Ready()
+		if len(r.Packets) != 1 || len(r.Acked) != 1 {
+			t.Fatalf("ack %d: %d packets, %d acked; want the next segment out and one message acked", i, len(r.Packets), len(r.Acked))
+		}
+		if d := a.visits - v; d > 2 {
+			t.Fatalf("ack %d with %d segments in flight looked at %d of them", i, DefaultWindow, d)
+		}
+	}
+}
+
+// The retransmission deadline is the earliest over the segments in
+// flight, not the oldest segment's: after a partial retransmission the
+// oldest was sent last. Segment A goes at 0, B at 30 ms; A is
+// retransmitted at 50 ms (due again at 100); B is due at 80 ms and goes
+// then.
+func TestRetransmitDeadlineAfterPartialRetransmission(t *testing.T) {
+	a := newEP(t, Config{})
+	a.Send(t0, 2, []byte("A"), 1)
+	a.Send(t0.Add(30*time.Millisecond), 2, []byte("B"), 2) // window not full: sent at once
+	if n := len(a.Ready().Packets); n != 2 {
+		t.Fatalf("%d packets, want A and B", n)
+	}
+	a.Tick(t0.Add(DefaultRTO))
+	r := a.Ready()
+	if len(r.Packets) != 1 || string(r.Packets[0].B[HeaderLen:]) != "A" {
+		t.Fatalf("at RTO retransmitted %d packets, want A alone", len(r.Packets))
+	}
+	wantB := t0.Add(30*time.Millisecond + DefaultRTO)
+	if !r.NextTick.Equal(wantB) {
+		t.Fatalf("next tick %v, want B's retransmission at %v", r.NextTick.Sub(t0), wantB.Sub(t0))
+	}
+	a.Tick(wantB)
+	r = a.Ready()
+	if len(r.Packets) != 1 || string(r.Packets[0].B[HeaderLen:]) != "B" {
+		t.Fatalf("at %v retransmitted %d packets, want B", wantB.Sub(t0), len(r.Packets))
+	}
+}
+
+// With Headroom, every packet has room in front of it for the link's
+// header, in the same array; a retransmission is a fresh frame (the
+// first one is the link's), with the same bytes.
+func TestHeadroom(t *testing.T) {
+	const hr = 16
+	a := newEP(t, Config{Headroom: hr})
+	a.Send(t0, 2, []byte("framed"), 1)
+	p := a.Ready().Packets[0]
+	if len(p.Frame) != hr+len(p.B) || &p.Frame[hr] != &p.B[0] {
+		t.Fatalf("frame of %d bytes for a %d-byte packet, or not in front of it", len(p.Frame), len(p.B))
+	}
+	copy(p.Frame, bytes.Repeat([]byte{0xee}, hr)) // the link writes its header
+	a.Tick(t0.Add(DefaultRTO))
+	q := a.Ready().Packets[0]
+	if &q.Frame[0] == &p.Frame[0] || !bytes.Equal(q.B, p.B) || len(q.Frame) != hr+len(q.B) {
+		t.Fatal("retransmission reuses the link's frame or differs")
+	}
+	b := newEP(t, Config{Headroom: hr})
+	b.Step(t0, 1, p.B)
+	b.Tick(t0.Add(DefaultA))
+	ack := b.Ready().Packets[0]
+	if len(ack.Frame) != hr+HeaderLen || &ack.Frame[hr] != &ack.B[0] {
+		t.Fatal("ack without headroom")
+	}
+	if _, err := New(Config{Headroom: -1}); !errors.Is(err, ErrConfig) {
+		t.Errorf("New(Headroom -1) = %v, want ErrConfig", err)
+	}
+}
+
+// A steady stream reuses the array its queue of segments lives in: acks
+// free its front, and the queue moves back there rather than grow. Here
+// 128 segments are queued (a window in flight), then one more is sent
+// and one acknowledged, over and over: once the array has grown to more
+// than twice the queue, it stays the same.
+func TestQueueReusesArray(t *testing.T) {
+	a := newEP(t, Config{})
+	for i := range 2 * DefaultWindow {
+		a.Send(t0, 2, []byte("x"), uint64(i+1))
+	}
+	a.Ready()
+	s := a.send[2]
+	cycle := func() {
+		a.Send(t0, 2, []byte("y"), 0)
+		a.Step(t0, 2, Append(nil, Header{Flags: FlagACK, Window: DefaultWindow, Ack: uint32(s.una + 1)}, nil))
+		a.Ready()
+	}
+	for range 4 * DefaultWindow {
+		cycle()
+	}
+	arr := &s.arr[0]
+	for range 1000 {
+		cycle()
+	}
+	if &s.arr[0] != arr || len(s.segs) != 2*DefaultWindow || len(s.arr) > 8*DefaultWindow {
+		t.Fatalf("queue of %d segments in a new array of %d after a steady stream", len(s.segs), len(s.arr))
 	}
 }

@@ -25,6 +25,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/radic-project/radic/bulktransport/internal/timerq"
 )
 
 // Specification constants.
@@ -134,6 +136,7 @@ type partial struct {
 	have  []uint64 // bitmap of fragments received
 	left  int      // fragments still missing
 	start time.Time
+	timer time.Time // its timer entry
 }
 
 // Stats count the reassembler's decisions.
@@ -148,8 +151,10 @@ type Reassembler struct {
 	Timeout    time.Duration
 	MaxPending int // bytes
 	pending    map[Key]*partial
+	timers     timerq.Queue[Key]
 	held       int
 	Stats      Stats
+	visits     uint64 // partials looked at to find or run timers (a test counts them)
 }
 
 // NewReassembler makes a reassembler with the default limits.
@@ -193,6 +198,7 @@ func (r *Reassembler) Step(now time.Time, src uint32, frag []byte) (msg []byte, 
 		p = &partial{buf: make([]byte, h.Total), have: make([]uint64, (n+63)/64), left: n, start: now}
 		r.pending[k] = p
 		r.held += int(h.Total)
+		r.timers.Schedule(now.Add(r.Timeout), k, &p.timer)
 	}
 	w, bit := h.Index/64, uint64(1)<<(h.Index%64)
 	if p.have[w]&bit != 0 {
@@ -215,33 +221,36 @@ func (r *Reassembler) drop(k Key, p *partial) {
 	delete(r.pending, k)
 	r.held -= len(p.buf)
 	if len(r.pending) == 0 {
-		r.pending = nil // Go maps never shrink; an idle receiver holds none
+		r.pending = nil  // Go maps never shrink; an idle receiver holds none
+		r.timers.Clear() // and every timer entry left is stale
 	}
 }
 
-// NextTick is the earliest expiry of a partial datagram (zero: none).
-func (r *Reassembler) NextTick() (next time.Time) {
-	for _, p := range r.pending {
-		if exp := p.start.Add(r.Timeout); next.IsZero() || exp.Before(next) {
-			next = exp
-		}
-	}
-	return next
-}
+// NextTick is when Tick has work next, no later than the earliest expiry
+// of a partial datagram (zero: none pending).
+func (r *Reassembler) NextTick() time.Time { return r.timers.Next() }
 
 // Tick discards partial datagrams older than Timeout and returns the
 // earliest time Tick has more to do (zero when nothing is pending).
+// Timers are in a heap: it visits only the partials that are due.
 func (r *Reassembler) Tick(now time.Time) (next time.Time) {
-	for k, p := range r.pending {
-		exp := p.start.Add(r.Timeout)
-		if !now.Before(exp) {
-			r.Stats.Expired++
-			r.drop(k, p)
+	for {
+		k, at, ok := r.timers.PopDue(now)
+		if !ok {
+			break
+		}
+		p := r.pending[k]
+		if p == nil || !p.timer.Equal(at) {
+			continue // completed, or replaced after the msgid wrapped
+		}
+		r.visits++
+		p.timer = time.Time{}
+		if exp := p.start.Add(r.Timeout); now.Before(exp) {
+			r.timers.Schedule(exp, k, &p.timer) // Timeout grew
 			continue
 		}
-		if next.IsZero() || exp.Before(next) {
-			next = exp
-		}
+		r.Stats.Expired++
+		r.drop(k, p)
 	}
-	return next
+	return r.timers.Next()
 }

@@ -227,3 +227,27 @@ func BenchmarkReassemble64K(b *testing.B) {
 		}
 	}
 }
+
+// Partials' timers are in a heap: NextTick looks at none of them and
+// Tick only at those due. With 50 partials begun 1 ms apart, NextTick
+// after every fragment looks at none, and a Tick when the first is due
+// expires it alone, looking at it alone.
+func TestTimersVisitOnlyDue(t *testing.T) {
+	r := NewReassembler()
+	var s Sender
+	for i := range 50 {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		f := split(t, &s, make([]byte, 1000))
+		r.Step(now, uint32(i), f[0])
+		if next := r.NextTick(); !next.Equal(t0.Add(r.Timeout)) {
+			t.Fatalf("NextTick = %v, want the first partial's expiry", next.Sub(t0))
+		}
+	}
+	if r.visits != 0 {
+		t.Fatalf("50 fragments and NextTicks looked at %d partials", r.visits)
+	}
+	next := r.Tick(t0.Add(r.Timeout))
+	if r.visits != 1 || r.Pending() != 49 || r.Stats.Expired != 1 || !next.Equal(t0.Add(r.Timeout+time.Millisecond)) {
+		t.Fatalf("Tick with one due looked at %d partials, left %d, next %v", r.visits, r.Pending(), next.Sub(t0))
+	}
+}

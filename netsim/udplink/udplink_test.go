@@ -143,7 +143,10 @@ func TestBatchesTravelInFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wait(t, func() bool { return len(c.got[1]) == count })
-	for i, p := range c.got[1] {
+	c.mu.Lock()
+	got := c.got[1]
+	c.mu.Unlock()
+	for i, p := range got {
 		_, payload, err := netsim.DecodeTorus(p)
 		if err != nil || binary.BigEndian.Uint32(payload) != uint32(i) {
 			t.Fatalf("packet %d: %v, number %d", i, err, binary.BigEndian.Uint32(payload))

@@ -21,6 +21,7 @@ const (
 	layBulk                  // bulktransport/bulk
 	layFrag                  // bulktransport/frag
 	layWire                  // netsim/wire.go: torus header encode and decode
+	layTimers                // bulktransport/internal/timerq: the deadline heap delta-t, bulk and frag share
 	laySim                   // the rest of netsim: the in-memory network that stands in for the wire
 	layHarness               // fabricpeer: the driver loop
 	layOther                 // other project code
@@ -34,6 +35,7 @@ var layerNames = [numLayers]string{
 	"bulk (bulktransport/bulk)",
 	"frag (bulktransport/frag)",
 	"netsim wire: torus encode/decode (netsim/wire.go)",
+	"timer heap, shared by delta-t, bulk and frag (bulktransport/internal/timerq)",
 	"netsim in-memory network (routing, event queue; stands in for the link)",
 	"benchmark driver (fabricpeer)",
 	"other project code",
@@ -41,7 +43,7 @@ var layerNames = [numLayers]string{
 }
 
 // transportLayers are the layers of the transport itself.
-var transportLayers = []layer{layEndpoint, layDeltaT, layBulk, layFrag, layWire}
+var transportLayers = []layer{layEndpoint, layDeltaT, layBulk, layFrag, layWire, layTimers}
 
 // layerOfFile maps a source file to its layer; ok is false for files
 // outside the project (the runtime, the standard library).
@@ -60,6 +62,8 @@ func layerOfFile(file string) (layer, bool) {
 		return layBulk, true
 	case strings.HasPrefix(rel, "bulktransport/frag/"):
 		return layFrag, true
+	case strings.HasPrefix(rel, "bulktransport/internal/timerq/"):
+		return layTimers, true
 	case rel == "netsim/wire.go":
 		return layWire, true
 	case strings.HasPrefix(rel, "netsim/"):
@@ -85,6 +89,7 @@ var packageLayers = map[string]layer{
 	module + "bulktransport/internal/seqnum": layDeltaT,
 	module + "bulktransport/bulk":            layBulk,
 	module + "bulktransport/frag":            layFrag,
+	module + "bulktransport/internal/timerq": layTimers,
 	module + "netsim":                        laySim,
 	"main":                                   layHarness,
 }
