@@ -154,6 +154,16 @@ const (
 	bulkWindow   = 1024
 )
 
+// EndpointConfig is the transport configuration of a daemon's endpoint:
+// wider windows than the cores' defaults, as link frames make a burst of
+// packets cheap and the log streams are the daemons' bulk traffic (the
+// sockets' buffers are 4 MiB: udplink). test/fabricbench measures with
+// it too.
+func EndpointConfig(sh netsim.Shape, self netsim.NodeID) bulktransport.Config {
+	return bulktransport.Config{Shape: sh, Self: self,
+		DeltaT: deltat.Config{Window: deltaTWindow}, Bulk: bulk.Config{Window: bulkWindow}}
+}
+
 // sourceNoteEvery is how often one (node, source) mismatch is reported.
 const sourceNoteEvery = time.Second
 
@@ -207,11 +217,7 @@ func Listen(cfg Config) (*Fabric, error) {
 		f.pcap = pw
 	}
 	var err error
-	// Wider windows than the cores' defaults: link frames make a burst
-	// of packets cheap, and the log streams are the daemons' bulk
-	// traffic (the sockets' buffers are 4 MiB: udplink).
-	f.ep, err = bulktransport.New(bulktransport.Config{Shape: cfg.Shape, Self: self,
-		DeltaT: deltat.Config{Window: deltaTWindow}, Bulk: bulk.Config{Window: bulkWindow}})
+	f.ep, err = bulktransport.New(EndpointConfig(cfg.Shape, self))
 	if err != nil {
 		return nil, err
 	}

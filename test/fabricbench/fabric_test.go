@@ -14,12 +14,12 @@ const (
 
 	bulkTotal = 64 << 20 // bytes per bulk run
 	bulkSize  = 64 << 10 // bytes per message
-	// bulkInflight is the unacknowledged bulk writes the sender keeps:
-	// one. Each is a transfer the receiver pulls with a window of its
-	// own (64 chunks); with 4 at once (256 datagrams in flight) the
-	// receiver's UDP socket buffer overflows (thousands of drops a run,
-	// re-requests after RGetTimeout) and the throughput is no better.
-	bulkInflight = 1
+	// bulkInflight is the unacknowledged bulk writes the sender keeps.
+	// The receiver's window is per sending peer (bulk.Config.Window
+	// chunks over all its transfers), so several in flight keep the
+	// link busy between one transfer's last chunk and the next one's
+	// first without overflowing the receiver's socket buffer.
+	bulkInflight = 4
 
 	rateCount = 100_000 // 64-byte messages per rate run
 	rateSize  = 64

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/radic-project/radic/bulktransport"
+	"github.com/radic-project/radic/internal/fabric"
 	"github.com/radic-project/radic/netsim"
 	"github.com/radic-project/radic/netsim/udplink"
 )
@@ -230,7 +231,8 @@ func runFabric(self netsim.NodeID, addr0, addr1 string) {
 }
 
 func (p *fabricPeer) newEndpoint() *bulktransport.Endpoint {
-	ep, err := bulktransport.New(bulktransport.Config{Shape: shape, Self: p.self})
+	// radicd's configuration (wider windows than the cores' defaults).
+	ep, err := bulktransport.New(fabric.EndpointConfig(shape, p.self))
 	if err != nil {
 		fail("%v", err)
 	}
