@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,15 +18,6 @@ var (
 	mpiLatRe = regexp.MustCompile(`(?m)^lat_us=([0-9.]+)$`)
 	mpiBwRe  = regexp.MustCompile(`(?m)^bw_MBps=([0-9.]+)$`)
 )
-
-func medianOf(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
 
 // BenchmarkMPIAcrossNodes measures what radic costs an MPI job across two
 // nodes (no recovery): the Open MPI (btl tcp) and MPICH (UCX tcp)
@@ -84,8 +74,8 @@ func BenchmarkMPIAcrossNodes(b *testing.B) {
 			bw[which] = append(bw[which], wv)
 		}
 		name := map[string]string{"ompi": "Open MPI btl tcp", "mpich": "MPICH UCX tcp"}[k.name]
-		lb, lr := medianOf(lat[0]), medianOf(lat[1])
-		bb, br := medianOf(bw[0]), medianOf(bw[1])
+		lb, lr := testenv.Median(lat[0]), testenv.Median(lat[1])
+		bb, br := testenv.Median(bw[0]), testenv.Median(bw[1])
 		rows = append(rows,
 			row{name, "8 B latency", "us", lb, lr, lr / lb, "<= 1.10", lr/lb <= 1.10, lat},
 			row{name, "1 MiB bandwidth", "MB/s", bb, br, br / bb, ">= 0.95", br/bb >= 0.95, bw})

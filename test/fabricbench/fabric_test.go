@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/radic-project/radic/internal/testenv"
 )
 
 // The workloads.
@@ -135,7 +137,7 @@ func BenchmarkFirstMessage(b *testing.B) {
 		for i := range t {
 			t[i] = trial(tcp)
 		}
-		return median(t)
+		return testenv.Median(t)
 	})
 	r := row{metric: fmt.Sprintf("first %d B message to a new peer (median of %d per run)", firstSize, firstTrials),
 		dt: v[0], tcp: v[1], unit: "us", prec: 1, ratioOf: "delta-t/TCP",
@@ -143,8 +145,8 @@ func BenchmarkFirstMessage(b *testing.B) {
 	report(b, table("First message to a new peer: delta-t (WriteMsg to ReadMsg) vs TCP (connect + send)", runs, t0, load, r)+
 		"\nDelta-t: from WriteMsg on a fresh endpoint to the fresh receiving endpoint's ReadMsg. "+
 		"TCP: from the start of net.Dial to the server's read returning the 64 bytes (TCP_NODELAY).\n")
-	b.ReportMetric(median(v[0]), "dt-first-us")
-	b.ReportMetric(median(v[1]), "tcp-first-us")
+	b.ReportMetric(testenv.Median(v[0]), "dt-first-us")
+	b.ReportMetric(testenv.Median(v[1]), "tcp-first-us")
 	b.ReportMetric(r.ratio(), "first-ratio")
 }
 
@@ -180,8 +182,8 @@ func BenchmarkBulkThroughput(b *testing.B) {
 	report(b, table("Bulk throughput: delta-t Bulk protocol vs TCP on the same link", runs, t0, load, r)+
 		fmt.Sprintf("\nDelta-t keeps %d writes unacknowledged; MB = 10^6 bytes.\n", inflight))
 	n.dtStats("bulk", drops)
-	b.ReportMetric(median(v[0]), "dt-MB/s")
-	b.ReportMetric(median(v[1]), "tcp-MB/s")
+	b.ReportMetric(testenv.Median(v[0]), "dt-MB/s")
+	b.ReportMetric(testenv.Median(v[1]), "tcp-MB/s")
 	b.ReportMetric(r.ratio(), "bulk-ratio")
 }
 
@@ -214,7 +216,7 @@ func BenchmarkSmallMessageRate(b *testing.B) {
 	report(b, table("Small-message rate: delta-t Short protocol vs TCP (TCP_NODELAY, one write per message)", runs, t0, load, r)+
 		fmt.Sprintf("\nDelta-t keeps at most %d writes unacknowledged (its window puts 64 segments on the wire).\n", rateInflight))
 	n.dtStats("rate", drops)
-	b.ReportMetric(median(v[0]), "dt-msg/s")
-	b.ReportMetric(median(v[1]), "tcp-msg/s")
+	b.ReportMetric(testenv.Median(v[0]), "dt-msg/s")
+	b.ReportMetric(testenv.Median(v[1]), "tcp-msg/s")
 	b.ReportMetric(r.ratio(), "rate-ratio")
 }

@@ -50,7 +50,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -337,50 +336,6 @@ func parseInt(s string) (int64, bool) {
 
 // ---- numbers ----
 
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func minOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v[1:] {
-		m = min(m, x)
-	}
-	return m
-}
-
-func maxOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v[1:] {
-		m = max(m, x)
-	}
-	return m
-}
-
-// fmts formats a list of figures for the log.
-func fmts(v []float64, prec int) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.FormatFloat(x, 'f', prec, 64)
-	}
-	return strings.Join(s, " ")
-}
-
-func yesNo(ok bool) string {
-	if ok {
-		return "yes"
-	}
-	return "**no**"
-}
-
 // loadAvg is the 1-minute load average (the machine may be busy with more
 // than this benchmark), or "?".
 func loadAvg() string {
@@ -425,7 +380,7 @@ type row struct {
 }
 
 // ratio is delta-t's median over TCP's.
-func (r row) ratio() float64 { return median(r.dt) / median(r.tcp) }
+func (r row) ratio() float64 { return testenv.Median(r.dt) / testenv.Median(r.tcp) }
 
 // report prints a benchmark's table on standard output, as
 // test/safebench does: the testing package cuts a benchmark's b.Log
@@ -454,15 +409,15 @@ func table(title string, runs int, t0 time.Time, load string, rows ...row) strin
 	for _, r := range rows {
 		met := "(no goal set)"
 		if r.met != nil {
-			met = yesNo(r.met(r.ratio()))
+			met = testenv.YesNo(r.met(r.ratio()))
 		}
-		fmt.Fprintf(&t, "| %s | %.*f %s | %.*f %s | %.3f (%s) | %s | %s |\n", r.metric, r.prec, median(r.dt), r.unit,
-			r.prec, median(r.tcp), r.unit, r.ratio(), r.ratioOf, r.goal, met)
+		fmt.Fprintf(&t, "| %s | %.*f %s | %.*f %s | %.3f (%s) | %s | %s |\n", r.metric, r.prec, testenv.Median(r.dt), r.unit,
+			r.prec, testenv.Median(r.tcp), r.unit, r.ratio(), r.ratioOf, r.goal, met)
 	}
 	fmt.Fprintf(&t, "\nThe runs, in the order run (range):\n\n```\n")
 	for _, r := range rows {
-		fmt.Fprintf(&t, "%s, delta-t (%s): %s  (%.*f-%.*f)\n", r.metric, r.unit, fmts(r.dt, r.prec), r.prec, minOf(r.dt), r.prec, maxOf(r.dt))
-		fmt.Fprintf(&t, "%s, TCP     (%s): %s  (%.*f-%.*f)\n", r.metric, r.unit, fmts(r.tcp, r.prec), r.prec, minOf(r.tcp), r.prec, maxOf(r.tcp))
+		fmt.Fprintf(&t, "%s, delta-t (%s): %s  (%.*f-%.*f)\n", r.metric, r.unit, testenv.Fmts(r.dt, r.prec), r.prec, testenv.MinOf(r.dt), r.prec, testenv.MaxOf(r.dt))
+		fmt.Fprintf(&t, "%s, TCP     (%s): %s  (%.*f-%.*f)\n", r.metric, r.unit, testenv.Fmts(r.tcp, r.prec), r.prec, testenv.MinOf(r.tcp), r.prec, testenv.MaxOf(r.tcp))
 	}
 	fmt.Fprintf(&t, "```\n")
 	return t.String()

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/radic-project/radic/internal/testenv"
 )
 
 // coreCase is one workload of the instruction counts: fabricpeer cores
@@ -127,14 +129,14 @@ func BenchmarkInstructionsPerMessage(b *testing.B) {
 			for _, r := range per[i] {
 				own, rt = append(own, r.own[l]), append(rt, r.rt[l])
 			}
-			med[i].own[l], med[i].rt[l] = median(own), median(rt)
+			med[i].own[l], med[i].rt[l] = testenv.Median(own), testenv.Median(rt)
 		}
 		var tot, mallocs, bytes, packets []float64
 		for _, r := range per[i] {
 			tot, mallocs, bytes = append(tot, r.total), append(mallocs, r.mallocs), append(bytes, r.bytes)
 			packets = append(packets, r.packets)
 		}
-		med[i].total, med[i].mallocs, med[i].bytes, med[i].packets = median(tot), median(mallocs), median(bytes), median(packets)
+		med[i].total, med[i].mallocs, med[i].bytes, med[i].packets = testenv.Median(tot), testenv.Median(mallocs), testenv.Median(bytes), testenv.Median(packets)
 	}
 
 	var t strings.Builder
@@ -217,7 +219,7 @@ func BenchmarkInstructionsPerMessage(b *testing.B) {
 			}
 			v = append(v, s)
 		}
-		fmt.Fprintf(&t, "%-15s %s\n", c.name, fmts(v, 0))
+		fmt.Fprintf(&t, "%-15s %s\n", c.name, testenv.Fmts(v, 0))
 	}
 	fmt.Fprintf(&t, "```\n")
 	if again > 0 {

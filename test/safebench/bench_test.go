@@ -89,15 +89,15 @@ func BenchmarkSafeSocketOverhead(b *testing.B) {
 	}
 	var det strings.Builder
 	for w, name := range []string{"bare", "managed"} {
-		fmt.Fprintf(&det, "%-7s round trip, median of each run (us): %s\n", name, fmts(rtt[w], 1))
-		fmt.Fprintf(&det, "%-7s round trip, mean of each run (us):   %s\n", name, fmts(rttMean[w], 1))
-		fmt.Fprintf(&det, "%-7s round trip, p99 of each run (us):    %s\n", name, fmts(rttP99[w], 1))
-		fmt.Fprintf(&det, "%-7s bandwidth of each run (MB/s):        %s\n", name, fmts(bw[w], 0))
+		fmt.Fprintf(&det, "%-7s round trip, median of each run (us): %s\n", name, testenv.Fmts(rtt[w], 1))
+		fmt.Fprintf(&det, "%-7s round trip, mean of each run (us):   %s\n", name, testenv.Fmts(rttMean[w], 1))
+		fmt.Fprintf(&det, "%-7s round trip, p99 of each run (us):    %s\n", name, testenv.Fmts(rttP99[w], 1))
+		fmt.Fprintf(&det, "%-7s bandwidth of each run (MB/s):        %s\n", name, testenv.Fmts(bw[w], 0))
 	}
 
-	lb, lm := median(rtt[0]), median(rtt[1])
-	mb, mm := median(rttMean[0]), median(rttMean[1])
-	bb, bm := median(bw[0]), median(bw[1])
+	lb, lm := testenv.Median(rtt[0]), testenv.Median(rtt[1])
+	mb, mm := testenv.Median(rttMean[0]), testenv.Median(rttMean[1])
+	bb, bm := testenv.Median(bw[0]), testenv.Median(bw[1])
 	var t strings.Builder
 	fmt.Fprintf(&t, "\n### Safe sockets without faults vs bare TCP, node 0 <-> node 1 (netns)\n\n")
 	fmt.Fprintf(&t, "Medians of %d bare (`radic run --no-radic`) and %d managed (`radic run`, %s) runs, alternating; "+
@@ -105,13 +105,13 @@ func BenchmarkSafeSocketOverhead(b *testing.B) {
 		runs, runs, c.lib, time.Since(t0).Round(time.Second), load, loadAvg())
 	fmt.Fprintf(&t, "| metric | bare TCP | safe socket | ratio | goal | met |\n|---|---:|---:|---:|---|---|\n")
 	fmt.Fprintf(&t, "| 8 B round trip (median of %d per run) | %.1f us | %.1f us | %.3f | <= 1.10 | %s |\n",
-		latIters, lb, lm, lm/lb, yesNo(lm/lb <= 1.10))
+		latIters, lb, lm, lm/lb, testenv.YesNo(lm/lb <= 1.10))
 	fmt.Fprintf(&t, "| 8 B round trip (mean of %d per run) | %.1f us | %.1f us | %.3f | (for information) | |\n",
 		latIters, mb, mm, mm/mb)
 	fmt.Fprintf(&t, "| bandwidth, 1 MiB writes, %d MiB one way | %.0f MB/s | %.0f MB/s | %.3f | >= 0.95 | %s |\n",
-		bwBytes>>20, bb, bm, bm/bb, yesNo(bm/bb >= 0.95))
+		bwBytes>>20, bb, bm, bm/bb, testenv.YesNo(bm/bb >= 0.95))
 	fmt.Fprintf(&t, "\nRange over the runs: round trip bare %.1f-%.1f us, managed %.1f-%.1f us; bandwidth bare %.0f-%.0f MB/s, managed %.0f-%.0f MB/s.\n",
-		minOf(rtt[0]), maxOf(rtt[0]), minOf(rtt[1]), maxOf(rtt[1]), minOf(bw[0]), maxOf(bw[0]), minOf(bw[1]), maxOf(bw[1]))
+		testenv.MinOf(rtt[0]), testenv.MaxOf(rtt[0]), testenv.MinOf(rtt[1]), testenv.MaxOf(rtt[1]), testenv.MinOf(bw[0]), testenv.MaxOf(bw[0]), testenv.MinOf(bw[1]), testenv.MaxOf(bw[1]))
 	if reruns > 0 {
 		fmt.Fprintf(&t, "\nManaged runs whose connection came up unmanaged, and were run again: %d (see the log).\n", reruns)
 	}
@@ -381,12 +381,12 @@ func BenchmarkSafeSocketHeal(b *testing.B) {
 	var det strings.Builder
 	for _, r := range rows {
 		fmt.Fprintf(&det, "%s, neighbour entries %s:\n", r.conn, r.neigh)
-		fmt.Fprintf(&det, "  heal to flow, both ways (ms): %s\n", fmts(r.toFlow, 1))
-		fmt.Fprintf(&det, "  rank 1 -> rank 0 (ms):        %s\n", fmts(r.perRank[0], 1))
-		fmt.Fprintf(&det, "  rank 0 -> rank 1 (ms):        %s\n", fmts(r.perRank[1], 1))
-		fmt.Fprintf(&det, "  cut, until the heal (ms):     %s\n", fmts(r.cuts, 0))
-		fmt.Fprintf(&det, "  radic fault heal took (ms):   %s\n", fmts(r.healCmd, 1))
-		fmt.Fprintf(&det, "  link up after its start (ms): %s\n", fmts(r.upInCmd, 1))
+		fmt.Fprintf(&det, "  heal to flow, both ways (ms): %s\n", testenv.Fmts(r.toFlow, 1))
+		fmt.Fprintf(&det, "  rank 1 -> rank 0 (ms):        %s\n", testenv.Fmts(r.perRank[0], 1))
+		fmt.Fprintf(&det, "  rank 0 -> rank 1 (ms):        %s\n", testenv.Fmts(r.perRank[1], 1))
+		fmt.Fprintf(&det, "  cut, until the heal (ms):     %s\n", testenv.Fmts(r.cuts, 0))
+		fmt.Fprintf(&det, "  radic fault heal took (ms):   %s\n", testenv.Fmts(r.healCmd, 1))
+		fmt.Fprintf(&det, "  link up after its start (ms): %s\n", testenv.Fmts(r.upInCmd, 1))
 		if r.managed {
 			fmt.Fprintf(&det, "  the shim of rank 1 (initiator), \"resumed after\": %s\n", r.resumed[1])
 			fmt.Fprintf(&det, "  the shim of rank 0 (acceptor), \"resumed after\":  %s\n", r.resumed[0])
@@ -406,17 +406,17 @@ func BenchmarkSafeSocketHeal(b *testing.B) {
 		goal, met := "(reference)", ""
 		if r.goal {
 			goal = fmt.Sprintf("<= %d ms", healGoal.Milliseconds())
-			met = yesNo(maxOf(r.toFlow) <= float64(healGoal.Milliseconds()))
+			met = testenv.YesNo(testenv.MaxOf(r.toFlow) <= float64(healGoal.Milliseconds()))
 		}
 		fmt.Fprintf(&t, "| %s | %s | %d | %.0f ms | %.0f ms | %s | %s |\n", r.conn, r.neigh, len(r.toFlow),
-			median(r.toFlow), maxOf(r.toFlow), goal, met)
+			testenv.Median(r.toFlow), testenv.MaxOf(r.toFlow), goal, met)
 	}
 	fmt.Fprintf(&t, "\nGoal: 100 ms plus the backoff step, the step being the 50 ms between reconnection dials "+
 		"(a heal waits for the next one; those under way lost their SYNs to the cut).\n")
 	fmt.Fprintf(&t, "\nThe trials, in the order run:\n\n```\n%s```\n", det.String())
 	fmt.Print(t.String())
-	b.ReportMetric(median(rows[0].toFlow), "heal-median-ms")
-	b.ReportMetric(maxOf(rows[0].toFlow), "heal-max-ms")
-	b.ReportMetric(median(rows[2].toFlow), "heal-static-arp-median-ms")
-	b.ReportMetric(maxOf(rows[2].toFlow), "heal-static-arp-max-ms")
+	b.ReportMetric(testenv.Median(rows[0].toFlow), "heal-median-ms")
+	b.ReportMetric(testenv.MaxOf(rows[0].toFlow), "heal-max-ms")
+	b.ReportMetric(testenv.Median(rows[2].toFlow), "heal-static-arp-median-ms")
+	b.ReportMetric(testenv.MaxOf(rows[2].toFlow), "heal-static-arp-max-ms")
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/radic-project/radic/internal/testenv"
 )
 
 // BenchmarkLogOnFabric measures what the message log costs a job with
@@ -47,15 +49,15 @@ func BenchmarkLogOnFabric(b *testing.B) {
 	fmt.Fprintf(&t, "Medians of %d runs per fabric, alternating; %v in all; load average %s before, %s after.\n\n",
 		runs, time.Since(t0).Round(time.Second), load, loadAvg())
 	fmt.Fprintf(&t, "| metric | radicd on TCP (ip) | radicd on the fabric (bg) | bg/ip | goal | met |\n|---|---:|---:|---:|---|---|\n")
-	li, lb := median(rtt[0]), median(rtt[1])
-	bi, bb := median(bw[0]), median(bw[1])
+	li, lb := testenv.Median(rtt[0]), testenv.Median(rtt[1])
+	bi, bb := testenv.Median(bw[0]), testenv.Median(bw[1])
 	fmt.Fprintf(&t, "| 8 B round trip of a logged connection (median of %d) | %.1f us | %.1f us | %.2f | <= 1.05 | %s |\n",
-		iters, li, lb, lb/li, yesNo(lb/li <= 1.05))
+		iters, li, lb, lb/li, testenv.YesNo(lb/li <= 1.05))
 	fmt.Fprintf(&t, "| bandwidth of a logged connection, 1 MiB writes, %d MiB | %.0f MB/s | %.0f MB/s | %.2f | >= 0.95 | %s |\n",
-		bwMiB, bi, bb, bb/bi, yesNo(bb/bi >= 0.95))
+		bwMiB, bi, bb, bb/bi, testenv.YesNo(bb/bi >= 0.95))
 	fmt.Fprintf(&t, "\nEach run (us; MB/s):\n\n```\n")
 	for k, f := range fabrics {
-		fmt.Fprintf(&t, "%s round trip: %s\n%s bandwidth:  %s\n", f, fmts(rtt[k], 1), f, fmts(bw[k], 0))
+		fmt.Fprintf(&t, "%s round trip: %s\n%s bandwidth:  %s\n", f, testenv.Fmts(rtt[k], 1), f, testenv.Fmts(bw[k], 0))
 	}
 	fmt.Fprintf(&t, "```\n")
 	fmt.Print(t.String())

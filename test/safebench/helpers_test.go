@@ -49,7 +49,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -390,47 +389,6 @@ func (j *job) wait(timeout time.Duration) {
 }
 
 // ---- numbers ----
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func maxOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v[1:] {
-		m = max(m, x)
-	}
-	return m
-}
-
-func minOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v[1:] {
-		m = min(m, x)
-	}
-	return m
-}
-
-// fmts formats a list of figures for the log.
-func fmts(v []float64, prec int) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.FormatFloat(x, 'f', prec, 64)
-	}
-	return strings.Join(s, " ")
-}
-
-func yesNo(ok bool) string {
-	if ok {
-		return "yes"
-	}
-	return "**no**"
-}
 
 // unixSecs is t as the seconds since the epoch that netbench prints.
 func unixSecs(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }

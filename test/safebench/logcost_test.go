@@ -67,12 +67,12 @@ func BenchmarkLogCost(b *testing.B) {
 		if tc.args[0] == "bw" {
 			unit = "MB/s"
 		}
-		bare := median(got["bare"])
+		bare := testenv.Median(got["bare"])
 		for _, mode := range modes {
-			med := median(got[mode])
+			med := testenv.Median(got[mode])
 			ratio, met, goal := med/bare, "-", "-"
 			if whole[mode] {
-				goal, met = tc.goal, yesNo(tc.better(ratio))
+				goal, met = tc.goal, testenv.YesNo(tc.better(ratio))
 			}
 			if mode != "bare" {
 				b.ReportMetric(ratio, tc.args[0]+"-"+mode+"-ratio")

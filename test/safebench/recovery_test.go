@@ -63,24 +63,24 @@ func BenchmarkRecoveryOverhead(b *testing.B) {
 	}
 	var det strings.Builder
 	for k, name := range kinds {
-		fmt.Fprintf(&det, "%-11s round trip, median of each run (us): %s\n", name, fmts(rtt[k], 1))
-		fmt.Fprintf(&det, "%-11s bandwidth of each run (MB/s):        %s\n", name, fmts(bw[k], 0))
-		fmt.Fprintf(&det, "%-11s Jacobi, rank 0's iterations (s):     %s\n", name, fmts(jac[k], 2))
+		fmt.Fprintf(&det, "%-11s round trip, median of each run (us): %s\n", name, testenv.Fmts(rtt[k], 1))
+		fmt.Fprintf(&det, "%-11s bandwidth of each run (MB/s):        %s\n", name, testenv.Fmts(bw[k], 0))
+		fmt.Fprintf(&det, "%-11s Jacobi, rank 0's iterations (s):     %s\n", name, testenv.Fmts(jac[k], 2))
 	}
 	var t strings.Builder
 	fmt.Fprintf(&t, "\n### Pessimistic logging (recovery) vs safe sockets vs bare TCP, node 0 <-> node 1 (netns)\n\n")
 	fmt.Fprintf(&t, "Medians of %d runs of each kind, in rotating order; %v in all; load average %s before, %s after.\n\n",
 		runs, time.Since(t0).Round(time.Second), load, loadAvg())
 	fmt.Fprintf(&t, "| metric | bare TCP | --no-recovery | --recovery | recovery/bare | goal | met |\n|---|---:|---:|---:|---:|---|---|\n")
-	lb, ln, lr := median(rtt[0]), median(rtt[1]), median(rtt[2])
-	bb, bn, br := median(bw[0]), median(bw[1]), median(bw[2])
+	lb, ln, lr := testenv.Median(rtt[0]), testenv.Median(rtt[1]), testenv.Median(rtt[2])
+	bb, bn, br := testenv.Median(bw[0]), testenv.Median(bw[1]), testenv.Median(bw[2])
 	fmt.Fprintf(&t, "| 8 B round trip (median of %d) | %.1f us | %.1f us | %.1f us | %.2f | <= 3 | %s |\n",
-		iters, lb, ln, lr, lr/lb, yesNo(lr/lb <= 3))
+		iters, lb, ln, lr, lr/lb, testenv.YesNo(lr/lb <= 3))
 	fmt.Fprintf(&t, "| bandwidth, 1 MiB writes, %d MiB one way | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.2f | >= 0.5 | %s |\n",
-		bwMiB, bb, bn, br, br/bb, yesNo(br/bb >= 0.5))
-	jb, jn, jr := median(jac[0]), median(jac[1]), median(jac[2])
+		bwMiB, bb, bn, br, br/bb, testenv.YesNo(br/bb >= 0.5))
+	jb, jn, jr := testenv.Median(jac[0]), testenv.Median(jac[1]), testenv.Median(jac[2])
 	fmt.Fprintf(&t, "| Jacobi 256x256 1-D, %d iterations, 2 ranks (s) | %.2f s | %.2f s | %.2f s | %.2f | <= 1.10 | %s |\n",
-		jIters, jb, jn, jr, jr/jb, yesNo(jr/jb <= 1.10))
+		jIters, jb, jn, jr, jr/jb, testenv.YesNo(jr/jb <= 1.10))
 	fmt.Fprintf(&t, "\nThe runs, in the order run:\n\n```\n%s```\n", det.String())
 	fmt.Print(t.String())
 	b.ReportMetric(lr/lb, "recovery-rtt-ratio")

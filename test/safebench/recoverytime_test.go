@@ -104,32 +104,32 @@ func BenchmarkRecoveryTimes(b *testing.B) {
 	fmt.Fprintf(&t, "\n### Recovery times: kill-node of a stream's rank, restarted on the spare (netns, RADIC_SEED=%d)\n\n", seed)
 	fmt.Fprintf(&t, "%d stream trials and %d sink trials, %v in all; medians (max, or min for rates).\n\n", trials, sinkTrials, time.Since(t0).Round(time.Second))
 	fmt.Fprintf(&t, "| phase | median | max | goal | met |\n|---|---:|---:|---|---|\n")
-	fmt.Fprintf(&t, "| detection (kill to declared dead) | %.3f s | %.3f s | < 1 s | %s |\n", median(detect), maxOf(detect), yesNo(maxOf(detect) < 1))
+	fmt.Fprintf(&t, "| detection (kill to declared dead) | %.3f s | %.3f s | < 1 s | %s |\n", testenv.Median(detect), testenv.MaxOf(detect), testenv.YesNo(testenv.MaxOf(detect) < 1))
 	confirm := col(rows, func(r recoveryRow) float64 { return r.confirm })
-	fmt.Fprintf(&t, "| confirm (fence deadline) | %.3f s | %.3f s | | |\n", median(confirm), maxOf(confirm))
-	fmt.Fprintf(&t, "| restart + reconnect | %.3f s | %.3f s | < 2 s | %s |\n", median(beforeReplay), maxOf(beforeReplay), yesNo(maxOf(beforeReplay) < 2))
-	fmt.Fprintf(&t, "| restart to live (restart + reconnect + replay) | %.3f s | %.3f s | | |\n", median(restartToLive), maxOf(restartToLive))
+	fmt.Fprintf(&t, "| confirm (fence deadline) | %.3f s | %.3f s | | |\n", testenv.Median(confirm), testenv.MaxOf(confirm))
+	fmt.Fprintf(&t, "| restart + reconnect | %.3f s | %.3f s | < 2 s | %s |\n", testenv.Median(beforeReplay), testenv.MaxOf(beforeReplay), testenv.YesNo(testenv.MaxOf(beforeReplay) < 2))
+	fmt.Fprintf(&t, "| restart to live (restart + reconnect + replay) | %.3f s | %.3f s | | |\n", testenv.Median(restartToLive), testenv.MaxOf(restartToLive))
 	for _, k := range []struct {
 		name string
 		rows []recoveryRow
 	}{{"stream", rows}, {"sink", sinks}} {
 		fr, pr, sr := col(k.rows, fetchRate), col(k.rows, phaseRate), col(k.rows, shimRate)
-		fmt.Fprintf(&t, "| %s: log fetch from the protector (log bytes / fetch; %s logs) | %.0f MB/s | min %.0f MB/s | >= 1000 MB/s | %s |\n", k.name, sizeRange(k.rows), median(fr), minOf(fr), yesNo(minOf(fr) >= 1000))
+		fmt.Fprintf(&t, "| %s: log fetch from the protector (log bytes / fetch; %s logs) | %.0f MB/s | min %.0f MB/s | >= 1000 MB/s | %s |\n", k.name, sizeRange(k.rows), testenv.Median(fr), testenv.MinOf(fr), testenv.YesNo(testenv.MinOf(fr) >= 1000))
 		if k.name == "stream" {
 			// The sink's receiver takes most of its log while its
 			// connection resumes, before the phase starts: its
 			// phase rate would say nothing.
-			fmt.Fprintf(&t, "| %s: replay phase (bytes replayed / resumed to live) | %.0f MB/s | min %.0f MB/s | >= 1000 MB/s | %s |\n", k.name, median(pr), minOf(pr), yesNo(minOf(pr) >= 1000))
+			fmt.Fprintf(&t, "| %s: replay phase (bytes replayed / resumed to live) | %.0f MB/s | min %.0f MB/s | >= 1000 MB/s | %s |\n", k.name, testenv.Median(pr), testenv.MinOf(pr), testenv.YesNo(testenv.MinOf(pr) >= 1000))
 		}
-		fmt.Fprintf(&t, "| %s: replay in the shim (first attach to live) | %.0f MB/s | min %.0f MB/s | >= 1000 MB/s | %s |\n", k.name, median(sr), minOf(sr), yesNo(minOf(sr) >= 1000))
+		fmt.Fprintf(&t, "| %s: replay in the shim (first attach to live) | %.0f MB/s | min %.0f MB/s | >= 1000 MB/s | %s |\n", k.name, testenv.Median(sr), testenv.MinOf(sr), testenv.YesNo(testenv.MinOf(sr) >= 1000))
 	}
 	live := col(rows, func(r recoveryRow) float64 { return r.live })
-	fmt.Fprintf(&t, "| kill to live | %.3f s | %.3f s | | |\n", median(live), maxOf(live))
+	fmt.Fprintf(&t, "| kill to live | %.3f s | %.3f s | | |\n", testenv.Median(live), testenv.MaxOf(live))
 	fmt.Fprintf(&t, "\nThe trials:\n\n```\n%s```\n", det.String())
 	fmt.Print(t.String())
-	b.ReportMetric(median(detect), "detection-s")
-	b.ReportMetric(median(restartToLive), "restart-to-live-s")
-	b.ReportMetric(median(col(sinks, shimRate)), "sink-replay-MB/s")
+	b.ReportMetric(testenv.Median(detect), "detection-s")
+	b.ReportMetric(testenv.Median(restartToLive), "restart-to-live-s")
+	b.ReportMetric(testenv.Median(col(sinks, shimRate)), "sink-replay-MB/s")
 }
 
 // recoverySpec is one kind of trial: the job, the node to kill, and what

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,15 +40,6 @@ func parsePingPong(out string) (lat, bw float64, err error) {
 	lat, _ = strconv.ParseFloat(l[1], 64)
 	bw, _ = strconv.ParseFloat(b[1], 64)
 	return lat, bw, nil
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // benchSystem is one row pair of the table: a way to run a ping-pong
@@ -125,8 +115,8 @@ func BenchmarkPreloadOverhead(b *testing.B) {
 			lat[which] = append(lat[which], la)
 			bw[which] = append(bw[which], bwv)
 		}
-		lb, lp := median(lat[0]), median(lat[1])
-		bb, bp := median(bw[0]), median(bw[1])
+		lb, lp := testenv.Median(lat[0]), testenv.Median(lat[1])
+		bb, bp := testenv.Median(bw[0]), testenv.Median(bw[1])
 		rows = append(rows,
 			row{s.name, "8 B latency", "us", lb, lp, lp / lb, "<= 1.03", lp/lb <= 1.03},
 			row{s.name, "1 MiB bandwidth", "MB/s", bb, bp, bp / bb, ">= 0.97", bp/bb >= 0.97})

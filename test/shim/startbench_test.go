@@ -94,7 +94,7 @@ func BenchmarkStartCost(b *testing.B) {
 			}
 		}
 		last := n - 1
-		mb, mp := median(wall[0]), median(wall[last])
+		mb, mp := testenv.Median(wall[0]), testenv.Median(wall[last])
 		ratio, cratio := pairedRatio(wall[last], wall[0]), pairedRatio(cpu[last], cpu[0])
 		emptyCol := "-"
 		met := "-"
@@ -105,7 +105,7 @@ func BenchmarkStartCost(b *testing.B) {
 			}
 		}
 		if n == 3 {
-			emptyCol = fmt.Sprintf("%.1f", median(wall[1]))
+			emptyCol = fmt.Sprintf("%.1f", testenv.Median(wall[1]))
 			eb, re := pairedRatio(wall[1], wall[0]), pairedRatio(wall[last], wall[1])
 			floor = fmt.Sprintf("%s, per round: the empty library %.3fx bare (cpu %.3fx), radic %.3fx the empty library (cpu %.3fx): what radic adds to any LD_PRELOAD\n",
 				w.name, eb, pairedRatio(cpu[1], cpu[0]), re, pairedRatio(cpu[last], cpu[1]))
@@ -145,5 +145,5 @@ func pairedRatio(a, b []float64) float64 {
 	for i := range a {
 		r[i] = a[i] / b[i]
 	}
-	return median(r)
+	return testenv.Median(r)
 }

@@ -1,0 +1,45 @@
+package testenv
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The benchmarks' arithmetic: every table reports medians of several runs
+// side by side with a baseline, and says whether a goal is met.
+
+// Median is the median of v (0 for none); v is not changed.
+func Median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// MinOf is the smallest of v (which must not be empty).
+func MinOf(v []float64) float64 { return slices.Min(v) }
+
+// MaxOf is the largest of v (which must not be empty).
+func MaxOf(v []float64) float64 { return slices.Max(v) }
+
+// Fmts formats a list of figures for a table or a log, prec decimals.
+func Fmts(v []float64, prec int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.FormatFloat(x, 'f', prec, 64)
+	}
+	return strings.Join(s, " ")
+}
+
+// YesNo is a table's "met" column: a miss stands out in bold.
+func YesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
