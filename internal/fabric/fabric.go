@@ -22,12 +22,13 @@
 // talking.
 //
 // Streams (stream.go) carry byte streams between two daemons over delta-t
-// and bulk messaging: radicd's replication of the message log to its
-// protectors runs on them with --fabric bg.
+// and bulk messaging. With --fabric bg, radicd's replication of the
+// message log to its protectors runs on them, and so does its HTTP API
+// between daemons (a Listener; the client dials streams): launch records,
+// log reads for a replay, re-protection, location pushes and lookups.
 //
-// Not yet on the fabric: membership and location broadcasts (collective
-// network), launch records, reading a log back for a replay, and
-// re-protection, which still go over TCP.
+// Not yet on the fabric: membership and location broadcasts on the
+// collective network (locations are pushed to each daemon in turn).
 package fabric
 
 import (
@@ -114,6 +115,8 @@ type Fabric struct {
 	streams map[streamKey]*Stream
 	// +checklocks:streamMu
 	listeners map[byte]chan Accepted
+	// +checklocks:streamMu
+	down map[heartbeat.NodeID]bool // declared dead: streams to them fail at once
 
 	heartbeats chan []byte // received heartbeat datagrams, for Recv
 
@@ -133,9 +136,9 @@ type Fabric struct {
 	// +checklocks:pcapMu
 	pcapBuf *bufio.Writer
 
-	// StreamBytesIn and StreamBytesOut count the bytes streams read and
-	// wrote.
-	StreamBytesIn, StreamBytesOut atomic.Uint64
+	// streamIn and streamOut count the bytes streams of each service
+	// received and wrote (StreamBytes).
+	streamIn, streamOut [numServices]atomic.Uint64
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -202,6 +205,7 @@ func Listen(cfg Config) (*Fabric, error) {
 		writes:     map[uint64]*Stream{},
 		streams:    map[streamKey]*Stream{},
 		listeners:  map[byte]chan Accepted{},
+		down:       map[heartbeat.NodeID]bool{},
 		done:       make(chan struct{}),
 	}
 	for i, id := range ids {
@@ -276,6 +280,13 @@ func (f *Fabric) Beacon(ifindex int, until time.Time) error {
 func (f *Fabric) SetDown(id heartbeat.NodeID, down bool) {
 	if t, ok := f.torusID[id]; ok && id != f.self {
 		f.link.SetNodeDown(t, down)
+		f.streamMu.Lock()
+		if down {
+			f.down[id] = true
+		} else {
+			delete(f.down, id)
+		}
+		f.streamMu.Unlock()
 	}
 }
 

@@ -48,7 +48,29 @@ import (
 // Services a stream can ask for.
 const (
 	ServiceReplica = 1 // a node's log stream to its protector (radicd repl.go)
+	ServiceHTTP    = 2 // radicd's HTTP API between daemons (Listener)
+	numServices    = 3
 )
+
+// ServiceName names a service for metrics and logs.
+func ServiceName(service byte) string {
+	switch service {
+	case ServiceReplica:
+		return "replica"
+	case ServiceHTTP:
+		return "http"
+	}
+	return fmt.Sprintf("service-%d", service)
+}
+
+// StreamBytes is what this node's streams of service have received and
+// written.
+func (f *Fabric) StreamBytes(service byte) (in, out uint64) {
+	if int(service) >= numServices {
+		return 0, 0
+	}
+	return f.streamIn[service].Load(), f.streamOut[service].Load()
+}
 
 const (
 	streamOpen      = 1
@@ -110,6 +132,12 @@ type Stream struct {
 func (f *Fabric) Dial(peer heartbeat.NodeID, service byte, hello []byte) (*Stream, error) {
 	if _, ok := f.torusID[peer]; !ok {
 		return nil, fmt.Errorf("fabric: no node %d on the torus", peer)
+	}
+	f.streamMu.Lock()
+	dead := f.down[peer]
+	f.streamMu.Unlock()
+	if dead {
+		return nil, fmt.Errorf("fabric: node %d was declared dead", peer)
 	}
 	if len(hello) > maxHello {
 		return nil, fmt.Errorf("fabric: a %d-byte hello (at most %d)", len(hello), maxHello)
@@ -266,7 +294,9 @@ func (s *Stream) Write(b []byte) (int, error) {
 			s.fail(err)
 			return done, err
 		}
-		s.f.StreamBytesOut.Add(uint64(n))
+		if int(s.service) < numServices {
+			s.f.streamOut[s.service].Add(uint64(n))
+		}
 		done += n
 	}
 	return done, nil
@@ -416,7 +446,9 @@ func (f *Fabric) deliverStream(from heartbeat.NodeID, meta [24]byte, data []byte
 			case streamData:
 				if len(data) > 0 {
 					s.in = append(s.in, data)
-					f.StreamBytesIn.Add(uint64(len(data)))
+					if int(service) < numServices {
+						f.streamIn[service].Add(uint64(len(data)))
+					}
 				}
 			case streamClose:
 				s.eof = true
@@ -447,3 +479,53 @@ func (f *Fabric) refuse(k streamKey, service byte) {
 	s := f.newStream(streamKey{peer: k.peer, id: k.id, dialled: k.dialled}, service)
 	_ = s.send(streamRefused, nil) // its result finds no stream: fine
 }
+
+// Listener is a net.Listener of the streams other nodes open for one
+// service: radicd serves its HTTP API to the other daemons on the fabric
+// with it. A stream's hello is the first bytes it reads.
+type Listener struct {
+	f         *Fabric
+	service   byte
+	accepted  <-chan Accepted
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listener accepts service's streams until Close.
+func (f *Fabric) Listener(service byte) *Listener {
+	return &Listener{f: f, service: service, accepted: f.Listen(service), done: make(chan struct{})}
+}
+
+// Accept implements net.Listener.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case a := <-l.accepted:
+		if len(a.Hello) > 0 {
+			a.Stream.mu.Lock()
+			a.Stream.in = append([][]byte{a.Hello}, a.Stream.in...)
+			a.Stream.mu.Unlock()
+		}
+		return a.Stream, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-l.f.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener: no more streams are accepted (those
+// opened meanwhile are refused).
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.f.streamMu.Lock()
+		delete(l.f.listeners, l.service)
+		l.f.streamMu.Unlock()
+	})
+	return nil
+}
+
+// Addr implements net.Listener.
+func (l *Listener) Addr() net.Addr { return Addr(l.f.self) }

@@ -2,10 +2,13 @@ package fabric
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -145,5 +148,41 @@ func streamPingPong(b *testing.B, reqSize int) {
 		if _, err := s.Read(buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// HTTP between two nodes on the fabric: a server on a Listener, a client
+// whose dialer opens streams; a large body comes back by bulk messaging,
+// and a node declared dead fails at once.
+func TestHTTPOverStreams(t *testing.T) {
+	fs := ring(t, 3, nil)
+	body := bytes.Repeat([]byte("log record "), 100_000)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(append([]byte(r.URL.Path+"\n"), body...))
+	})}
+	ln := fs[2].Listener(ServiceHTTP)
+	go srv.Serve(ln)
+	defer srv.Close()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return fs[0].Dial(30, ServiceHTTP, nil)
+		}}}
+	for i := range 3 { // the second and third reuse the stream
+		resp, err := client.Get(fmt.Sprintf("http://node30/v1/replica/read/%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := append([]byte(fmt.Sprintf("/v1/replica/read/%d\n", i)), body...)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("request %d: %d bytes (%v), want %d", i, len(got), err, len(want))
+		}
+	}
+	fs[0].SetDown(30, true)
+	t0 := time.Now()
+	client.CloseIdleConnections()
+	if _, err := client.Get("http://node30/"); err == nil || time.Since(t0) > time.Second {
+		t.Fatalf("a request to a node declared dead: %v after %v, want an error at once", err, time.Since(t0))
 	}
 }

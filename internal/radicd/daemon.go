@@ -147,6 +147,23 @@ func (d *Daemon) listenHeartbeats(bind netip.AddrPort, peers map[heartbeat.NodeI
 	return tr, nil
 }
 
+// dialPeer is the dialer of radicd's HTTP client. With --fabric bg a
+// request to another daemon travels on a fabric stream: launch records,
+// log reads for a replay, re-protection, location pushes and lookups.
+// Any other address (a daemon not yet at its new address, this one, a
+// job's launcher) is dialled over TCP.
+func (d *Daemon) dialPeer(ctx context.Context, network, addr string) (net.Conn, error) {
+	if d.fab != nil {
+		if ap, err := netip.ParseAddrPort(addr); err == nil {
+			if id, ok := d.loc.nodeAt(ap); ok && id != d.self {
+				return d.fab.Dial(id, fabric.ServiceHTTP, nil)
+			}
+		}
+	}
+	var dl net.Dialer
+	return dl.DialContext(ctx, network, addr)
+}
+
 // FenceReport says what the last self-fencing did.
 type FenceReport struct {
 	At      time.Time `json:"at,omitzero"`
@@ -174,7 +191,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, self: heartbeat.NodeID(cfg.Node), log: log, started: time.Now(),
 		reg:    prometheus.NewRegistry(),
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
+		client: &http.Client{},
 		notify: newNotifier(),
 		ranks:  newRankTable(),
 		dir:    newDirectory(),
@@ -188,6 +205,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.repl = newReplicator(d)
 	d.logs = &logRings{log: log, submit: d.repl.submit, refresh: func(ctx context.Context) { _, _ = d.repl.protectors(ctx) }}
 	d.stats.DetectionHook = func(t time.Duration) { d.detection.Observe(t.Seconds()) }
+	d.client.Transport = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second, DialContext: d.dialPeer}
 	loc, err := newLocator(cfg.Node, cfg.Peers, d.client, log)
 	if err != nil {
 		return nil, err
@@ -333,6 +351,11 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	servers := []*http.Server{srv}
 	wg.Go(func() { d.serve(srv, tcp, "store") })
+	if d.fab != nil {
+		// The same API for the other daemons, on the fabric (dialPeer).
+		fl := d.fab.Listener(fabric.ServiceHTTP)
+		wg.Go(func() { d.serve(srv, fl, "store on the fabric") })
+	}
 	if metricsLn != nil {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))

@@ -191,6 +191,17 @@ func (l *locator) peerURL(id int) (string, bool) {
 }
 
 // peerAddr is node id's daemon address: its current IP, its daemon port.
+// nodeAt is the node whose daemon is at ap now.
+func (l *locator) nodeAt(ap netip.AddrPort) (heartbeat.NodeID, bool) {
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	for id := range l.ports {
+		if a, ok := l.peerAddr(id); ok && a == ap {
+			return heartbeat.NodeID(id), true
+		}
+	}
+	return 0, false
+}
+
 func (l *locator) peerAddr(id int) (netip.AddrPort, bool) {
 	n, ok := l.table.Node(id)
 	port, pok := l.ports[id]

@@ -329,24 +329,27 @@ func (d *Daemon) registerFabricMetrics(reg *prometheus.Registry) {
 		Name: "radic_fabric_frames_total", Help: "Link frames (UDP datagrams of torus packets for one next hop) this node wrote."},
 		stat(func(s *udplink.Stats) uint64 { return s.Frames.Load() })))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "radic_fabric_streams", Help: "Streams open on the fabric (the message log's replication with --fabric bg)."},
+		Name: "radic_fabric_streams", Help: "Streams open on the fabric (with --fabric bg: the message log's replication and the daemons' HTTP API)."},
 		func() float64 {
 			if d.fab == nil {
 				return 0
 			}
 			return float64(d.fab.Streams())
 		}))
-	for dir, f := range map[string]func(*fabric.Fabric) uint64{
-		"in":  func(f *fabric.Fabric) uint64 { return f.StreamBytesIn.Load() },
-		"out": func(f *fabric.Fabric) uint64 { return f.StreamBytesOut.Load() },
-	} {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "radic_fabric_stream_bytes_total", Help: "Bytes read (in) and written (out) by this node's fabric streams.",
-			ConstLabels: prometheus.Labels{"dir": dir}}, func() float64 {
-			if d.fab == nil {
-				return 0
-			}
-			return float64(f(d.fab))
-		}))
+	for _, service := range []byte{fabric.ServiceReplica, fabric.ServiceHTTP} {
+		for _, dir := range []string{"in", "out"} {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "radic_fabric_stream_bytes_total", Help: "Bytes this node's fabric streams received (in) and wrote (out), by service: the log's replication, and the daemons' HTTP API.",
+				ConstLabels: prometheus.Labels{"dir": dir, "service": fabric.ServiceName(service)}}, func() float64 {
+				if d.fab == nil {
+					return 0
+				}
+				in, out := d.fab.StreamBytes(service)
+				if dir == "in" {
+					return float64(in)
+				}
+				return float64(out)
+			}))
+		}
 	}
 }

@@ -500,6 +500,9 @@ func cloneEnv(env []string) []string { return append([]string(nil), env...) }
 // the move from its heartbeats, which now come from the new address, and
 // by asking its daemon there. No failure, no fence either.
 func TestReaddressLearntFromHeartbeats(t *testing.T) {
+	if testFabric == "bg" {
+		t.Skip("on the Blue Gene fabric a move's announcement is a request on a fabric stream, over UDP with the heartbeats: dropping the daemons' TCP cannot make a node miss it while its heartbeats get through")
+	}
 	c := newNetnsCluster(t, 3)
 	n1, _ := c.state().Node(1)
 	for _, cmd := range []string{
@@ -591,7 +594,10 @@ func TestSimultaneousReaddress(t *testing.T) {
 	// Long enough for every addressed path (announcements, heartbeats)
 	// to have been tried and lost.
 	time.Sleep(time.Second)
-	if knows(0, 1) || knows(1, 0) {
+	// On the fabric the daemons' requests ride UDP with the heartbeats,
+	// and a node may learn the other's address from its beacon while the
+	// TCP rules stand: they stage the lost announcements over IP only.
+	if testFabric != "bg" && (knows(0, 1) || knows(1, 0)) {
 		t.Fatalf("a node learnt the other's new address while every TCP to the daemons was dropped: the test tests nothing")
 	}
 	for _, n := range st.Nodes {

@@ -153,12 +153,17 @@ func TestReplayStream(t *testing.T) {
 		t.Fatalf("fault-free run: status %d, output:\n%s", code, out)
 	}
 	if testFabric == "bg" {
-		// The ranks' logs went to their protectors on fabric streams.
-		in, out := c.metricSum("radic_fabric_stream_bytes_total", `dir="in"`), c.metricSum("radic_fabric_stream_bytes_total", `dir="out"`)
-		if in == 0 || out == 0 {
-			t.Errorf("fabric streams moved %v bytes in and %v out: the log did not travel on the fabric", in, out)
+		// The ranks' logs went to their protectors on fabric streams,
+		// and the daemons' requests to each other (the launch records
+		// stored with the protectors) too.
+		for _, service := range []string{"replica", "http"} {
+			in := c.metricSum("radic_fabric_stream_bytes_total", `dir="in",service="`+service+`"`)
+			out := c.metricSum("radic_fabric_stream_bytes_total", `dir="out",service="`+service+`"`)
+			if in == 0 || out == 0 {
+				t.Errorf("%s streams on the fabric moved %v bytes in and %v out: that traffic did not travel on the fabric", service, in, out)
+			}
+			t.Logf("%s on the fabric: %.0f bytes written to streams, %.0f received", service, out, in)
 		}
-		t.Logf("the log's replication on the fabric: %.0f bytes written to streams, %.0f read", out, in)
 	}
 	for _, tc := range []struct {
 		name, mode, fault string
