@@ -123,12 +123,15 @@ type Stream struct {
 	inflight int // this side's messages without a result
 	// +checklocks:mu
 	readDL, writeDL time.Time
-	wake            chan struct{} // poked on every change
+	// changed is closed, and replaced, at every change: a reader and a
+	// writer may both wait, and both must see it.
+	// +checklocks:mu
+	changed chan struct{}
 }
 
 // Dial opens a stream to node peer for service, its first bytes hello
-// (the request: a stream is not accepted without one). It returns at
-// once: a refusal comes as the first read's error.
+// (a request; may be empty). It returns at once, as delta-t has no
+// handshake: a refusal comes as the first read's error.
 func (f *Fabric) Dial(peer heartbeat.NodeID, service byte, hello []byte) (*Stream, error) {
 	if _, ok := f.torusID[peer]; !ok {
 		return nil, fmt.Errorf("fabric: no node %d on the torus", peer)
@@ -177,7 +180,7 @@ type Accepted struct {
 }
 
 func (f *Fabric) newStream(k streamKey, service byte) *Stream {
-	return &Stream{f: f, key: k, service: service, wake: make(chan struct{}, 1)}
+	return &Stream{f: f, key: k, service: service, changed: make(chan struct{})}
 }
 
 // Peer is the node at the other end.
@@ -217,15 +220,16 @@ func (s *Stream) send(kind byte, data []byte) error {
 	return nil
 }
 
+// poke wakes every waiter. The caller must not hold s.mu.
 func (s *Stream) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
 }
 
-// wait sleeps until something changes, dl passes or the fabric closes.
-func (s *Stream) wait(dl time.Time) error {
+// wait sleeps until changed is closed, dl passes or the fabric closes.
+func (s *Stream) wait(changed <-chan struct{}, dl time.Time) error {
 	var timeout <-chan time.Time
 	if !dl.IsZero() {
 		d := time.Until(dl)
@@ -237,7 +241,7 @@ func (s *Stream) wait(dl time.Time) error {
 		timeout = t.C
 	}
 	select {
-	case <-s.wake:
+	case <-changed:
 		return nil
 	case <-timeout:
 		return os.ErrDeadlineExceeded
@@ -258,7 +262,7 @@ func (s *Stream) Read(b []byte) (int, error) {
 			s.mu.Unlock()
 			return n, nil
 		}
-		err, eof, dl := s.err, s.eof, s.readDL
+		err, eof, dl, changed := s.err, s.eof, s.readDL, s.changed
 		s.mu.Unlock()
 		switch {
 		case err != nil:
@@ -266,7 +270,7 @@ func (s *Stream) Read(b []byte) (int, error) {
 		case eof:
 			return 0, io.EOF
 		}
-		if err := s.wait(dl); err != nil {
+		if err := s.wait(changed, dl); err != nil {
 			return 0, err
 		}
 	}
@@ -278,13 +282,13 @@ func (s *Stream) Write(b []byte) (int, error) {
 	done := 0
 	for done < len(b) {
 		s.mu.Lock()
-		err, full, dl := s.err, s.inflight >= streamWindow, s.writeDL
+		err, full, dl, changed := s.err, s.inflight >= streamWindow, s.writeDL, s.changed
 		s.mu.Unlock()
 		if err != nil {
 			return done, err
 		}
 		if full {
-			if err := s.wait(dl); err != nil {
+			if err := s.wait(changed, dl); err != nil {
 				return done, err
 			}
 			continue
