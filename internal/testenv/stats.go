@@ -1,9 +1,11 @@
 package testenv
 
 import (
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 )
 
 // The benchmarks' arithmetic: every table reports medians of several runs
@@ -42,4 +44,19 @@ func YesNo(ok bool) string {
 		return "yes"
 	}
 	return "**no**"
+}
+
+// EnvCount reads a benchmark's count setting from the environment (runs,
+// sizes): def when unset, and at least min.
+func EnvCount(tb testing.TB, name string, def, min int) int {
+	tb.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < min {
+		tb.Fatalf("%s=%q: want a number >= %d", name, s, min)
+	}
+	return v
 }

@@ -117,7 +117,7 @@ func (n *nodes) dtStats(what string, drops0 int64) {
 func BenchmarkFirstMessage(b *testing.B) {
 	requireBench(b)
 	requireNetns(b)
-	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 1)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 5, 1)
 	n := newNodes(b)
 	t0, load := time.Now(), loadAvg()
 	trial := func(tcp bool) float64 {
@@ -159,8 +159,8 @@ func BenchmarkFirstMessage(b *testing.B) {
 func BenchmarkBulkThroughput(b *testing.B) {
 	requireBench(b)
 	requireNetns(b)
-	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 1)
-	inflight := envCount(b, "RADIC_BENCH_BULK_INFLIGHT", bulkInflight, 1)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 5, 1)
+	inflight := testenv.EnvCount(b, "RADIC_BENCH_BULK_INFLIGHT", bulkInflight, 1)
 	n := newNodes(b)
 	count := bulkTotal / bulkSize
 	measure := func(tcp bool) float64 {
@@ -195,7 +195,7 @@ func BenchmarkBulkThroughput(b *testing.B) {
 func BenchmarkSmallMessageRate(b *testing.B) {
 	requireBench(b)
 	requireNetns(b)
-	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 1)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 5, 1)
 	n := newNodes(b)
 	measure := func(tcp bool) float64 {
 		if tcp {

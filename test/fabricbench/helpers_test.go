@@ -68,20 +68,6 @@ const (
 	tcpPort = "7001"
 )
 
-// envCount reads a count setting: def when unset, at least min.
-func envCount(b *testing.B, name string, def, min int) int {
-	b.Helper()
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := strconv.Atoi(s)
-	if err != nil || v < min {
-		b.Fatalf("%s=%q: want a number >= %d", name, s, min)
-	}
-	return v
-}
-
 // requireBench skips b unless benchmarks were asked for.
 func requireBench(b *testing.B) {
 	b.Helper()

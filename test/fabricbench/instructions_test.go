@@ -58,7 +58,7 @@ func BenchmarkInstructionsPerMessage(b *testing.B) {
 	if err != nil {
 		b.Skip("valgrind is not installed (apt-get install valgrind; scripts/deps.sh does not install it)")
 	}
-	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 1)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 5, 1)
 	prog := buildPeer(b)
 	dir := b.TempDir()
 	t0 := time.Now()

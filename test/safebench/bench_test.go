@@ -50,7 +50,7 @@ func parseFloat(b *testing.B, re *regexp.Regexp, out string) []float64 {
 // ratio against the goals round trip <= 1.10x and bandwidth >= 0.95x.
 func BenchmarkSafeSocketOverhead(b *testing.B) {
 	requireBench(b)
-	runs := envCount(b, "RADIC_BENCH_RUNS", 9, 5)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 9, 5)
 	c := newCluster(b)
 	load := loadAvg()
 	latArgs := []string{"lat", "--iters", strconv.Itoa(latIters)}
@@ -362,7 +362,7 @@ func (c *bc) staticNeighbours() {
 // once a second (retrans_time_ms), whatever the transport does.
 func BenchmarkSafeSocketHeal(b *testing.B) {
 	requireBench(b)
-	trials := envCount(b, "RADIC_BENCH_HEAL_TRIALS", 20, 3)
+	trials := testenv.EnvCount(b, "RADIC_BENCH_HEAL_TRIALS", 20, 3)
 	c := newCluster(b)
 	rng := testenv.Rand(b)
 	load := loadAvg()

@@ -24,8 +24,8 @@ import (
 // RADIC_BENCH_BW_MIB the bytes per bandwidth run (default 64 MiB).
 func BenchmarkLogOnFabric(b *testing.B) {
 	requireBench(b)
-	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 3)
-	bwMiB := envCount(b, "RADIC_BENCH_BW_MIB", 64, 16)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 5, 3)
+	bwMiB := testenv.EnvCount(b, "RADIC_BENCH_BW_MIB", 64, 16)
 	hb := []string{"--heartbeat-timeout", "30s", "--probe-timeout", "5s"}
 	fabrics := []string{"ip", "bg"}
 	cs := []*bc{newClusterWith(b, 0, hb, "--fabric", "ip"), newClusterWith(b, 0, hb, "--fabric", "bg")}

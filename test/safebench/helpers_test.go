@@ -61,19 +61,6 @@ import (
 	"github.com/radic-project/radic/internal/testenv"
 )
 
-// envCount reads a count setting: def when unset, at least min.
-func envCount(b *testing.B, name string, def, min int) int {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := strconv.Atoi(s)
-	if err != nil || v < min {
-		b.Fatalf("%s=%q: want a number >= %d", name, s, min)
-	}
-	return v
-}
-
 // requireBench skips b unless benchmarks were asked for and netns
 // clusters can be built here.
 func requireBench(b *testing.B) {

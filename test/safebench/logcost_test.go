@@ -30,7 +30,7 @@ func BenchmarkLogCost(b *testing.B) {
 		b.Skip("benchmarks run with `make bench` (RADIC_BENCH=1)")
 	}
 	prog := testenv.Artifact(b, "build/apps/logcost")
-	runs := envCount(b, "RADIC_BENCH_RUNS", 9, 5)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 9, 5)
 	modes := []string{"bare", "sync", "ring", "tee", "copy"}
 	whole := map[string]bool{"sync": true, "ring": true, "tee": true} // copy has no protector: a part
 	tests := []struct {

@@ -36,9 +36,9 @@ var jacobiRE = regexp.MustCompile(`jacobi\[rank 0\]: block .* iterations in ([0-
 // iteration; goal <= 1.10x bare.
 func BenchmarkRecoveryOverhead(b *testing.B) {
 	requireBench(b)
-	runs := envCount(b, "RADIC_BENCH_RUNS", 5, 3)
-	bwMiB := envCount(b, "RADIC_BENCH_BW_MIB", 256, 16)
-	jIters := envCount(b, "RADIC_BENCH_JACOBI_ITERS", 12000, 100)
+	runs := testenv.EnvCount(b, "RADIC_BENCH_RUNS", 5, 3)
+	bwMiB := testenv.EnvCount(b, "RADIC_BENCH_BW_MIB", 256, 16)
+	jIters := testenv.EnvCount(b, "RADIC_BENCH_JACOBI_ITERS", 12000, 100)
 	c := newCluster(b)
 	jacobi := testenv.Artifact(b, "build/apps/jacobi")
 	load := loadAvg()

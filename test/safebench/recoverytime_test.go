@@ -49,8 +49,8 @@ import (
 // trials (default 20), RADIC_BENCH_RECOVERY_SINK_TRIALS the sink's (5).
 func BenchmarkRecoveryTimes(b *testing.B) {
 	requireBench(b)
-	trials := envCount(b, "RADIC_BENCH_RECOVERY_TRIALS", 20, 3)
-	sinkTrials := envCount(b, "RADIC_BENCH_RECOVERY_SINK_TRIALS", 5, 1)
+	trials := testenv.EnvCount(b, "RADIC_BENCH_RECOVERY_TRIALS", 20, 3)
+	sinkTrials := testenv.EnvCount(b, "RADIC_BENCH_RECOVERY_SINK_TRIALS", 5, 1)
 	seed := testenv.Seed(b, "RADIC_SEED")
 	rng := rand.New(rand.NewPCG(seed, 0))
 	stream := testenv.Artifact(b, "build/apps/stream")
